@@ -1,0 +1,350 @@
+#include "executor.h"
+
+#include <ATen/core/GeneratorForPrivateuseone.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "events.h"
+#include "generator.h"
+#include "runtime.h"
+
+namespace tt {
+
+using hlo::ET;
+using hlo::Type;
+using hlo::Value;
+
+namespace {
+std::atomic<int> g_mode{0};
+thread_local int t_mode = -1;
+std::atomic<uint64_t> g_epoch{1};
+}  // namespace
+
+Mode GetMode() { return (Mode)(t_mode >= 0 ? t_mode : g_mode.load()); }
+
+void SetMode(Mode m) {
+  {
+    std::lock_guard<std::recursive_mutex> g(Region::Lock());
+    if (!Region::Current().empty()) Region::Current().Flush();
+  }
+  g_mode = (int)m;
+}
+
+void SetThreadMode(int m) {
+  {
+    std::lock_guard<std::recursive_mutex> g(Region::Lock());
+    if (!Region::Current().empty()) Region::Current().Flush();
+  }
+  t_mode = m;
+}
+
+ET ToET(c10::ScalarType t) {
+  switch (t) {
+    case c10::kBool: return ET::PRED;
+    case c10::kChar: return ET::S8;
+    case c10::kShort: return ET::S16;
+    case c10::kInt: return ET::S32;
+    case c10::kLong: return ET::S64;
+    case c10::kByte: return ET::U8;
+    case c10::kUInt16: return ET::U16;
+    case c10::kUInt32: return ET::U32;
+    case c10::kUInt64: return ET::U64;
+    case c10::kHalf: return ET::F16;
+    case c10::kBFloat16: return ET::BF16;
+    case c10::kFloat: return ET::F32;
+    case c10::kDouble: return ET::F64;
+    case c10::kComplexFloat: return ET::C64;
+    case c10::kComplexDouble: return ET::C128;
+    case c10::kFloat8_e4m3fn: return ET::F8E4M3FN;
+    case c10::kFloat8_e5m2: return ET::F8E5M2;
+    case c10::kFloat8_e8m0fnu: return ET::F8E8M0FNU;
+    case c10::kFloat4_e2m1fn_x2: return ET::U8;  // packed pairs: bytes
+    default:
+      TORCH_CHECK_TYPE(false, "torchtpu: dtype ", t, " is not supported on the tpu device");
+  }
+}
+
+c10::ScalarType ToScalarType(ET t) {
+  switch (t) {
+    case ET::PRED: return c10::kBool;
+    case ET::S8: return c10::kChar;
+    case ET::S16: return c10::kShort;
+    case ET::S32: return c10::kInt;
+    case ET::S64: return c10::kLong;
+    case ET::U8: return c10::kByte;
+    case ET::U16: return c10::kUInt16;
+    case ET::U32: return c10::kUInt32;
+    case ET::U64: return c10::kUInt64;
+    case ET::F16: return c10::kHalf;
+    case ET::BF16: return c10::kBFloat16;
+    case ET::F32: return c10::kFloat;
+    case ET::F64: return c10::kDouble;
+    case ET::C64: return c10::kComplexFloat;
+    case ET::C128: return c10::kComplexDouble;
+    case ET::F8E4M3FN: return c10::kFloat8_e4m3fn;
+    case ET::F8E5M2: return c10::kFloat8_e5m2;
+    case ET::F8E8M0FNU: return c10::kFloat8_e8m0fnu;
+    default: TORCH_CHECK(false, "torchtpu: no torch dtype for ", hlo::ETName(t));
+  }
+}
+
+PJRT_Buffer_Type ToPjrt(ET t) {
+  switch (t) {
+    case ET::PRED: return PJRT_Buffer_Type_PRED;
+    case ET::S8: return PJRT_Buffer_Type_S8;
+    case ET::S16: return PJRT_Buffer_Type_S16;
+    case ET::S32: return PJRT_Buffer_Type_S32;
+    case ET::S64: return PJRT_Buffer_Type_S64;
+    case ET::U8: return PJRT_Buffer_Type_U8;
+    case ET::U16: return PJRT_Buffer_Type_U16;
+    case ET::U32: return PJRT_Buffer_Type_U32;
+    case ET::U64: return PJRT_Buffer_Type_U64;
+    case ET::F16: return PJRT_Buffer_Type_F16;
+    case ET::BF16: return PJRT_Buffer_Type_BF16;
+    case ET::F32: return PJRT_Buffer_Type_F32;
+    case ET::F64: return PJRT_Buffer_Type_F64;
+    case ET::C64: return PJRT_Buffer_Type_C64;
+    case ET::C128: return PJRT_Buffer_Type_C128;
+    case ET::F8E4M3FN: return PJRT_Buffer_Type_F8E4M3FN;
+    case ET::F8E5M2: return PJRT_Buffer_Type_F8E5M2;
+    case ET::F8E8M0FNU: return PJRT_Buffer_Type_F8E8M0FNU;
+    case ET::F4E2M1FN: return PJRT_Buffer_Type_F4E2M1FN;
+  }
+  return PJRT_Buffer_Type_INVALID;
+}
+
+// ---------------------------------------------------------------- Region
+Region::Region() { Reset(); }
+
+Region& Region::Current() {
+  static Region* r = new Region();
+  return *r;
+}
+
+std::recursive_mutex& Region::Lock() {
+  static std::recursive_mutex* m = new std::recursive_mutex();
+  return *m;
+}
+
+void Region::Reset() {
+  b_ = std::make_unique<hlo::Builder>();
+  args_.clear();
+  buf_args_.clear();
+  slots_.clear();
+  extra_.clear();
+  ops_ = 0;
+  epoch_ = g_epoch.fetch_add(1);
+}
+
+void Region::Abandon() {
+  for (auto& s : slots_)
+    if (auto st = s.st.lock()) st->slot = -1;
+  Reset();
+}
+
+Value Region::BufferArg(const pjrt::BufferPtr& buf, const Type& t) {
+  auto it = buf_args_.find(buf.get());
+  if (it != buf_args_.end() && it->second.type == t) return it->second;
+  Value v = b_->Arg(t);
+  args_.push_back(buf);
+  buf_args_[buf.get()] = v;
+  return v;
+}
+
+int Region::SlotFor(const StatePtr& st, ET want) {
+  if (st->region_epoch == epoch_ && st->slot >= 0) return st->slot;
+  Slot s;
+  s.st = st;
+  if (st->buf) {
+    s.v = BufferArg(st->buf, Type(st->et, {st->numel}));
+    s.arg = s.v.id;
+  } else {
+    int64_t n = st->nbytes / hlo::ETBytes(want);
+    s.v = b_->Zeros(Type(want, {n}));
+  }
+  st->region_epoch = epoch_;
+  st->slot = (int)slots_.size();
+  slots_.push_back(s);
+  return st->slot;
+}
+
+static hlo::ViewSpec SpecOf(const at::Tensor& t) {
+  hlo::ViewSpec s;
+  s.sizes.assign(t.sizes().begin(), t.sizes().end());
+  s.strides.assign(t.strides().begin(), t.strides().end());
+  s.offset = t.storage_offset();
+  return s;
+}
+
+// Flat value of the storage in element type et, grown to cover `need` elements.
+static Value FlatAs(hlo::Builder& b, Value flat, ET et, int64_t need) {
+  flat = hlo::FlatBitcast(b, flat, et);
+  int64_t n = flat.dims()[0];
+  if (n < need) flat = b.Pad(flat, b.Zeros(Type(et, {})), {0}, {need - n}, {0});
+  return flat;
+}
+
+static int64_t Extent(const at::Tensor& t) {
+  if (t.numel() == 0) return 0;
+  int64_t e = t.storage_offset() + 1;
+  for (int64_t i = 0; i < t.dim(); ++i) e += (t.size(i) - 1) * t.stride(i);
+  return e;
+}
+
+Value Region::Read(const at::Tensor& t) {
+  TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "torchtpu: expected a tpu tensor");
+  ET et = ToET(t.scalar_type());
+  StatePtr st = GetState(t.storage().unsafeGetStorageImpl());
+  int si = SlotFor(st, et);
+  Value flat = FlatAs(*b_, slots_[si].v, et, Extent(t));
+  return hlo::ReadView(*b_, flat, SpecOf(t));
+}
+
+void Region::Write(const at::Tensor& t, Value v) {
+  ET et = ToET(t.scalar_type());
+  v = b_->Convert(v, et);
+  hlo::Dims sizes(t.sizes().begin(), t.sizes().end());
+  if (v.dims() != sizes) {
+    TORCH_CHECK(v.type.numel() == t.numel(), "torchtpu: internal shape mismatch writing ",
+                v.type.str(), " into a tensor of shape ", t.sizes());
+    v = b_->Reshape(v, sizes);
+  }
+  StatePtr st = GetState(t.storage().unsafeGetStorageImpl());
+  int64_t total = st->nbytes / hlo::ETBytes(et);
+  hlo::ViewSpec spec = SpecOf(t);
+  Value base;
+  if (spec.offset == 0 && spec.contiguous() && t.numel() == total &&
+      total * hlo::ETBytes(et) == st->nbytes) {
+    // Whole-storage write: the old value is not needed.
+    int si = SlotFor(st, et);
+    slots_[si].v = b_->Reshape(v, {total});
+    slots_[si].written = true;
+    return;
+  }
+  int si = SlotFor(st, et);
+  base = FlatAs(*b_, slots_[si].v, et, std::max(total, Extent(t)));
+  slots_[si].v = hlo::WriteView(*b_, base, v, spec);
+  slots_[si].written = true;
+}
+
+Value Region::Scalar(const c10::Scalar& s, ET et) {
+  // Cached one-element device buffers, keyed by (type, bits).
+  static std::unordered_map<std::string, pjrt::BufferPtr> cache;
+  char bytes[16] = {0};
+  int nb = hlo::ETBytes(et);
+  switch (et) {
+    case ET::PRED: bytes[0] = s.toBool(); break;
+    case ET::F32: { float f = s.toFloat(); std::memcpy(bytes, &f, 4); break; }
+    case ET::F64: { double d = s.toDouble(); std::memcpy(bytes, &d, 8); break; }
+    case ET::S64: { int64_t i = s.toLong(); std::memcpy(bytes, &i, 8); break; }
+    case ET::S32: { int32_t i = s.toInt(); std::memcpy(bytes, &i, 4); break; }
+    case ET::U64: { uint64_t i = (uint64_t)s.toLong(); std::memcpy(bytes, &i, 8); break; }
+    case ET::C64: { auto c = s.toComplexFloat(); std::memcpy(bytes, &c, 8); break; }
+    case ET::C128: { auto c = s.toComplexDouble(); std::memcpy(bytes, &c, 16); break; }
+    default: TORCH_CHECK(false, "torchtpu: unsupported scalar argument type ", hlo::ETName(et));
+  }
+  std::string key(1, (char)et);
+  key.append(bytes, nb);
+  pjrt::BufferPtr buf;
+  auto it = cache.find(key);
+  if (it != cache.end()) {
+    buf = it->second;
+  } else {
+    buf = Runtime::Get().Upload(bytes, ToPjrt(et), {}, nb);
+    if (cache.size() > 4096) cache.clear();
+    cache[key] = buf;
+  }
+  return BufferArg(buf, Type(et, {}));
+}
+
+Value Region::RngKey(const c10::optional<at::Generator>& gen, int64_t numel) {
+  at::Generator g = gen.has_value() && gen->defined() ? *gen : DefaultGenerator(0);
+  std::pair<uint64_t, uint64_t> so;
+  {
+    std::lock_guard<std::mutex> lock(g.mutex());
+    so = g.get<TpuGenerator>()->Next((uint64_t)std::max<int64_t>(numel, 1));
+  }
+  uint64_t key[2] = {so.first, so.second};
+  pjrt::BufferPtr buf = Runtime::Get().Upload(key, PJRT_Buffer_Type_U64, {2}, 16);
+  Value v = b_->Arg(Type(ET::U64, {2}));
+  args_.push_back(buf);
+  return v;
+}
+
+int Region::AddResult(Value v) {
+  extra_.push_back(v);
+  return (int)extra_.size() - 1;
+}
+
+std::vector<pjrt::BufferPtr> Region::Flush(bool wait) {
+  std::vector<Value> results;
+  std::vector<StatePtr> targets;
+  for (auto& s : slots_) {
+    StatePtr st = s.st.lock();
+    if (st) st->slot = -1;
+    if (!s.written || !st) continue;
+    int out_idx = (int)results.size();
+    results.push_back(s.v);
+    // Donate the old buffer when nothing else can observe it.
+    if (s.arg >= 0 && st->buf && st->buf.use_count() == 2 &&
+        b_->num_args() > s.arg && Type(st->et, {st->numel}) == s.v.type) {
+      b_->SetArgAttr(s.arg, "tf.aliasing_output = " + std::to_string(out_idx) + " : i32");
+    }
+    targets.push_back(st);
+  }
+  size_t n_storage = results.size();
+  for (auto& v : extra_) results.push_back(v);
+  std::vector<pjrt::BufferPtr> extra_out;
+  if (results.empty()) {
+    Reset();
+    return extra_out;
+  }
+  std::string text = b_->Finish(results);
+  std::vector<pjrt::BufferPtr> args = std::move(args_);
+  Reset();
+  Runtime& rt = Runtime::Get();
+  pjrt::ExecutablePtr exe = rt.Executable(text);
+  std::vector<PJRT_Buffer*> raw;
+  raw.reserve(args.size());
+  for (auto& a : args) raw.push_back(a->get());
+  GetMetrics().executions++;
+  std::shared_ptr<pjrt::Event> done;
+  std::vector<pjrt::BufferPtr> outs = exe->Execute(rt.device(), raw, {}, wait, &done);
+  if (done) TrackCompletion(std::move(done));
+  TORCH_CHECK(outs.size() == results.size(), "torchtpu: program returned ", outs.size(),
+              " results, expected ", results.size());
+  for (size_t i = 0; i < n_storage; ++i) {
+    StatePtr& st = targets[i];
+    st->buf = outs[i];
+    st->et = results[i].et();
+    st->numel = results[i].dims()[0];
+  }
+  for (size_t i = n_storage; i < outs.size(); ++i) extra_out.push_back(outs[i]);
+  return extra_out;
+}
+
+void ReadToHost(const at::Tensor& src, void* dst) {
+  int64_t nbytes = src.numel() * src.element_size();
+  if (nbytes == 0) return;
+  std::lock_guard<std::recursive_mutex> g(Region::Lock());
+  Region& r = Region::Current();
+  StatePtr st = GetState(src.storage().unsafeGetStorageImpl());
+  ET et = ToET(src.scalar_type());
+  pjrt::BufferPtr buf;
+  if (r.empty() && st->buf && st->et == et && src.storage_offset() == 0 && src.is_contiguous() &&
+      st->numel == src.numel()) {
+    buf = st->buf;
+  } else {
+    Value v = r.Read(src);
+    if (et == ET::PRED) v = r.b().Convert(v, ET::U8);
+    r.AddResult(r.b().Reshape(v, {src.numel()}));
+    auto extra = r.Flush();
+    buf = extra.back();
+  }
+  GetMetrics().d2h_bytes += nbytes;
+  buf->ToHost(dst, nbytes);
+}
+
+}  // namespace tt

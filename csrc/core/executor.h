@@ -1,0 +1,79 @@
+// The executor: ops are recorded into a Region (one StableHLO function under
+// construction); a flush compiles (cached) and runs it, then rebinds the
+// storages it wrote. Strict mode flushes after every op (asynchronously),
+// debug mode flushes and waits; defer_and_fuse keeps recording.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <c10/core/Scalar.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "../hlo/builder.h"
+#include "../hlo/views.h"
+#include "storage.h"
+
+namespace tt {
+
+enum class Mode { Strict = 0, Debug = 1, DeferAndFuse = 2 };
+Mode GetMode();
+void SetMode(Mode m);          // flushes pending work
+void SetThreadMode(int m);     // -1 = follow the global mode
+
+hlo::ET ToET(c10::ScalarType t);
+c10::ScalarType ToScalarType(hlo::ET t);
+PJRT_Buffer_Type ToPjrt(hlo::ET t);
+
+class Region {
+ public:
+  static Region& Current();  // the process-wide region (guarded by Lock())
+  static std::recursive_mutex& Lock();
+  hlo::Builder& b() { return *b_; }
+
+  // Logical value of a tpu tensor (its view of the storage).
+  hlo::Value Read(const at::Tensor& t);
+  // Writes v (t's shape, any dtype: converted) through t's view.
+  void Write(const at::Tensor& t, hlo::Value v);
+  // A 0-d program argument holding s as element type et.
+  hlo::Value Scalar(const c10::Scalar& s, hlo::ET et);
+  // A program argument bound to an existing device buffer.
+  hlo::Value BufferArg(const pjrt::BufferPtr& buf, const hlo::Type& t);
+  // u64[2] key for a random op (seed, offset) from the tpu generator.
+  hlo::Value RngKey(const c10::optional<at::Generator>& gen, int64_t numel);
+  // Extra program results that are not storages (host reads of views).
+  int AddResult(hlo::Value v);
+
+  // Compiles and runs what was recorded. Returns the extra results.
+  std::vector<pjrt::BufferPtr> Flush(bool wait = false);
+  bool empty() const { return ops_ == 0 && extra_.empty(); }
+  void CountOp() { ops_++; }
+  // Discards the recording (after an error while lowering).
+  void Abandon();
+
+ private:
+  Region();
+  struct Slot {
+    std::weak_ptr<StorageState> st;
+    hlo::Value v;
+    bool written = false;
+    int arg = -1;  // argument index holding its initial buffer
+  };
+  int SlotFor(const StatePtr& st, hlo::ET want);
+  void Reset();
+
+  std::unique_ptr<hlo::Builder> b_;
+  std::vector<pjrt::BufferPtr> args_;
+  std::unordered_map<const pjrt::Buffer*, hlo::Value> buf_args_;
+  std::vector<Slot> slots_;
+  std::vector<hlo::Value> extra_;
+  uint64_t epoch_ = 0;
+  int ops_ = 0;
+};
+
+// Materialized contiguous copy of a tpu tensor into host memory `dst`.
+void ReadToHost(const at::Tensor& src, void* dst);
+
+}  // namespace tt

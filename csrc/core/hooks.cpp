@@ -1,0 +1,163 @@
+// PrivateUse1 hooks, device guard, generator.
+#include <ATen/core/GeneratorForPrivateuseone.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <ATen/ops/empty.h>
+#include <c10/core/CPUAllocator.h>
+
+#include "events.h"
+#include "executor.h"
+#include "generator.h"
+#include "runtime.h"
+#include "storage.h"
+
+namespace tt {
+
+// ---------------------------------------------------------------- generator
+TpuGenerator::TpuGenerator(c10::DeviceIndex idx)
+    : c10::GeneratorImpl(c10::Device(c10::DeviceType::PrivateUse1, idx),
+                         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)) {}
+
+void TpuGenerator::set_current_seed(uint64_t seed) {
+  seed_ = seed;
+  offset_ = 0;
+}
+
+uint64_t TpuGenerator::seed() {
+  uint64_t s = c10::detail::getNonDeterministicRandom();
+  set_current_seed(s);
+  return s;
+}
+
+// State layout (uint8 CPU tensor of 16 bytes): seed (u64), offset (u64).
+void TpuGenerator::set_state(const c10::TensorImpl& new_state) {
+  TORCH_CHECK(new_state.numel() == 16 && new_state.dtype() == caffe2::TypeMeta::Make<uint8_t>(),
+              "torchtpu: RNG state must be a uint8 tensor of 16 bytes");
+  const uint8_t* p = static_cast<const uint8_t*>(new_state.data());
+  std::memcpy(&seed_, p, 8);
+  std::memcpy(&offset_, p + 8, 8);
+}
+
+c10::intrusive_ptr<c10::TensorImpl> TpuGenerator::get_state() const {
+  auto t = at::empty({16}, at::TensorOptions().dtype(at::kByte));
+  uint8_t* p = t.data_ptr<uint8_t>();
+  std::memcpy(p, &seed_, 8);
+  std::memcpy(p + 8, &offset_, 8);
+  return t.getIntrusivePtr();
+}
+
+std::pair<uint64_t, uint64_t> TpuGenerator::Next(uint64_t n) {
+  auto r = std::make_pair(seed_, offset_);
+  offset_ += (n + 3) / 4 * 4;
+  return r;
+}
+
+TpuGenerator* TpuGenerator::clone_impl() const {
+  auto* g = new TpuGenerator(device().index());
+  g->seed_ = seed_;
+  g->offset_ = offset_;
+  return g;
+}
+
+const at::Generator& DefaultGenerator(c10::DeviceIndex idx) {
+  static at::Generator g = at::make_generator<TpuGenerator>(idx);
+  (void)idx;
+  return g;
+}
+
+// ---------------------------------------------------------------- hooks
+struct TpuHooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return !GetConfig().plugin_path.empty(); }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex idx) const override {
+    return DefaultGenerator(idx < 0 ? 0 : idx);
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex idx) const override {
+    return at::make_generator<TpuGenerator>(idx < 0 ? 0 : idx);
+  }
+  at::Device getDeviceFromPtr(void*) const override {
+    return at::Device(c10::DeviceType::PrivateUse1, 0);
+  }
+  bool isPinnedPtr(const void*) const override { return false; }
+  at::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return Started(); }
+  c10::DeviceIndex deviceCount() const override { return 1; }
+  void setCurrentDevice(c10::DeviceIndex d) const override {
+    TORCH_CHECK(d == 0 || d == -1, "torchtpu: invalid device index ", d,
+                ": this process drives one tpu device (index 0)");
+  }
+  c10::DeviceIndex getCurrentDevice() const override { return 0; }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
+    setCurrentDevice(d);
+    return 0;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override { return exchangeDevice(d); }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+    StatePtr st = GetState(impl);
+    int64_t old = st->nbytes;
+    st->nbytes = (int64_t)newsize;
+    GetAllocator()->Resized(old, (int64_t)newsize);
+    impl->set_nbytes(newsize);
+  }
+  void init() const override {}
+};
+
+// ---------------------------------------------------------------- guard
+struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  static constexpr c10::DeviceType D = c10::DeviceType::PrivateUse1;
+  c10::DeviceType type() const override { return D; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    check(d);
+    return c10::Device(D, 0);
+  }
+  c10::Device getDevice() const override { return c10::Device(D, 0); }
+  void setDevice(c10::Device d) const override { check(d); }
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device d) const override { return CurrentStream(d.index()); }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(D, 0));
+  }
+  c10::Stream getNewStream(c10::Device d, int priority) const override { return NewStream(priority); }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool high) const override {
+    return NewStream(high ? -1 : 0);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override { return ExchangeStream(s); }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex,
+              const c10::EventFlag flag) const override {
+    RecordEvent(event, stream, flag);
+  }
+  void block(void* event, const c10::Stream& stream) const override { BlockEvent(event, stream); }
+  bool queryEvent(void* event) const override { return QueryEvent(event); }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    DestroyEvent(event);
+  }
+  bool queryStream(const c10::Stream& s) const override { return QueryStream(s); }
+  void synchronizeStream(const c10::Stream& s) const override { SynchronizeStream(s); }
+  void synchronizeEvent(void* event) const override { SynchronizeEvent(event); }
+  void synchronizeDevice(const c10::DeviceIndex) const override { SynchronizeDevice(); }
+  double elapsedTime(void* a, void* b, const c10::DeviceIndex) const override {
+    return ElapsedTime(a, b);
+  }
+  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+ private:
+  static void check(c10::Device d) {
+    TORCH_CHECK(d.type() == D, "torchtpu: expected a tpu device, got ", d);
+    TORCH_CHECK(!d.has_index() || d.index() == 0 || d.index() == -1, "torchtpu: invalid device index ",
+                (int)d.index(), ": this process drives one tpu device, index 0 (select the "
+                "physical device with TORCHTPU_VISIBLE_DEVICES or torch.tpu.set_device before first use)");
+  }
+};
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuardImpl);
+
+static bool g_hooks = [] {
+  static TpuHooks hooks;
+  at::RegisterPrivateUse1HooksInterface(&hooks);
+  return true;
+}();
+
+}  // namespace tt

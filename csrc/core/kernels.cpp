@@ -1,0 +1,494 @@
+// ATen kernels for the tpu device: tensor creation, views, copies, and the
+// generic native kernel that runs any op found in the lowering registry.
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_copy_from_and_resize_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/CPUAllocator.h>
+#include <torch/library.h>
+
+#include <iostream>
+#include <mutex>
+#include <set>
+#include <unordered_set>
+
+#include "../ops/registry.h"
+#include "events.h"
+#include "executor.h"
+#include "runtime.h"
+#include "storage.h"
+
+namespace tt {
+
+using hlo::ET;
+using hlo::Type;
+using hlo::Value;
+
+static const c10::DispatchKeySet kTpuKeys(c10::DispatchKey::PrivateUse1);
+
+// ---------------------------------------------------------------- creation
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin, std::optional<c10::MemoryFormat> mf) {
+  c10::ScalarType st = c10::dtype_or_default(dtype);
+  ToET(st);  // rejects unsupported dtypes by name
+  return at::detail::empty_generic(size, GetAllocator(), kTpuKeys, st, mf);
+}
+
+at::Tensor empty_strided_tpu(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                         std::optional<c10::Device> device, std::optional<bool> pin) {
+  c10::ScalarType st = c10::dtype_or_default(dtype);
+  ToET(st);
+  return at::detail::empty_strided_generic(size, stride, GetAllocator(), kTpuKeys, st);
+}
+
+// ---------------------------------------------------------------- storage
+static void EnsureStorageBytes(const at::Tensor& self, int64_t need) {
+  c10::StorageImpl* impl = self.storage().unsafeGetStorageImpl();
+  if ((int64_t)impl->nbytes() >= need) return;
+  TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
+  StatePtr st = GetState(impl);
+  int64_t old = st->nbytes;
+  st->nbytes = need;
+  GetAllocator()->Resized(old, need);
+  impl->set_nbytes(need);
+}
+
+static int64_t NeededBytes(c10::IntArrayRef size, c10::IntArrayRef stride, int64_t offset,
+                           int64_t itemsize) {
+  int64_t n = 1;
+  for (auto s : size)
+    if (s == 0) return 0;
+  n = offset + 1;
+  for (size_t i = 0; i < size.size(); ++i) n += (size[i] - 1) * stride[i];
+  return n * itemsize;
+}
+
+const at::Tensor& resize(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<c10::MemoryFormat> mf) {
+  auto* impl = self.unsafeGetTensorImpl();
+  int64_t offset = self.storage_offset();
+  impl->set_sizes_contiguous(size);
+  if (mf.has_value() && *mf != c10::MemoryFormat::Contiguous && *mf != c10::MemoryFormat::Preserve)
+    impl->empty_tensor_restride(*mf);
+  EnsureStorageBytes(self, NeededBytes(self.sizes(), self.strides(), offset, self.element_size()));
+  return self;
+}
+
+at::Tensor& set_source_storage_offset(at::Tensor& self, c10::Storage source, c10::SymInt offset,
+                                      c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+  int64_t off = offset.expect_int();
+  auto sz = C10_AS_INTARRAYREF_SLOW(size);
+  auto sd = C10_AS_INTARRAYREF_SLOW(stride);
+  TORCH_CHECK(source.device().type() == c10::DeviceType::PrivateUse1,
+              "set_: expected a tpu storage, got ", source.device());
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_storage_keep_dtype(std::move(source));
+  if (sd.empty() && !sz.empty()) {
+    impl->set_sizes_contiguous(sz);
+    impl->set_storage_offset(off);
+  } else {
+    impl->set_sizes_and_strides(sz, sd, off);
+  }
+  EnsureStorageBytes(self, NeededBytes(self.sizes(), self.strides(), off, self.element_size()));
+  return self;
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
+  int64_t n = source.nbytes() / self.element_size();
+  std::vector<c10::SymInt> sz{c10::SymInt(n)}, sd{c10::SymInt(1)};
+  return set_source_storage_offset(self, std::move(source), c10::SymInt(0), sz, sd);
+}
+
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& src) {
+  if (self.unsafeGetTensorImpl() == src.unsafeGetTensorImpl()) return self;
+  return set_source_storage_offset(self, src.storage(), src.sym_storage_offset(), src.sym_sizes(),
+                                   src.sym_strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage s(c10::Storage::use_byte_size_t(), 0, GetAllocator(), true);
+  std::vector<c10::SymInt> sz{c10::SymInt(0)}, sd{c10::SymInt(1)};
+  return set_source_storage_offset(self, s, c10::SymInt(0), sz, sd);
+}
+
+// ---------------------------------------------------------------- copies
+static bool IsTpu(const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; }
+
+static void Finish(Region& r) {
+  Mode m = GetMode();
+  if (m == Mode::DeferAndFuse) return;
+  r.Flush(m == Mode::Debug);
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  TORCH_CHECK(self.sizes() == dst.sizes() || self.numel() == dst.numel() || true);
+  if (dst.numel() == 0) return dst;
+  if (IsTpu(self) && !IsTpu(dst)) {
+    // device -> host: read the source view contiguously, then let CPU copy_
+    // handle dtype conversion and the destination's strides.
+    at::Tensor host = at::empty(self.sizes(), self.options().device(c10::kCPU));
+    ReadToHost(self, host.data_ptr());
+    dst.copy_(host);
+    return dst;
+  }
+  std::lock_guard<std::recursive_mutex> g(Region::Lock());
+  Region& r = Region::Current();
+  if (!IsTpu(self)) {
+    // host -> device
+    at::Tensor src = self;
+    if (src.scalar_type() != dst.scalar_type()) src = src.to(dst.scalar_type());
+    src = src.expand(dst.sizes()).contiguous();
+    ET et = ToET(src.scalar_type());
+    int64_t nbytes = src.numel() * src.element_size();
+    GetMetrics().Native("aten::_copy_from");
+    pjrt::BufferPtr buf =
+        Runtime::Get().Upload(src.data_ptr(), ToPjrt(et), {src.numel()}, nbytes);
+    StatePtr st = GetState(dst.storage().unsafeGetStorageImpl());
+    if (r.empty() && dst.storage_offset() == 0 && dst.is_contiguous() &&
+        nbytes == st->nbytes) {
+      st->buf = buf;
+      st->et = et;
+      st->numel = src.numel();
+      return dst;
+    }
+    Value v = r.BufferArg(buf, Type(et, {src.numel()}));
+    r.Write(dst, v);
+    r.CountOp();
+    Finish(r);
+    return dst;
+  }
+  // device -> device
+  GetMetrics().Native("aten::_copy_from");
+  Value v = r.Read(self);
+  ET et = ToET(dst.scalar_type());
+  v = ops::Cast(r.b(), v, et);
+  hlo::Dims d(dst.sizes().begin(), dst.sizes().end());
+  v = r.b().BroadcastTo(v, d);
+  r.Write(dst, v);
+  r.CountOp();
+  Finish(r);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  at::native::resize_output(dst, self.sizes());
+  return copy_from(self, dst, false);
+}
+
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
+  ReadToHost(self, host.data_ptr());
+  return host.item();
+}
+
+// ---------------------------------------------------------------- native kernel
+namespace {
+
+struct MetaConv {
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> meta_to_real;
+  at::Tensor ToMeta(const at::Tensor& t) {
+    if (!t.defined() || !IsTpu(t)) return t;
+    at::Tensor m = at::empty_strided(t.sizes(), t.strides(),
+                                     t.options().device(c10::kMeta));
+    meta_to_real[m.unsafeGetTensorImpl()] = t;
+    return m;
+  }
+  c10::IValue Convert(const c10::IValue& v) {
+    if (v.isTensor()) return ToMeta(v.toTensor());
+    if (v.isTensorList()) {
+      std::vector<at::Tensor> out;
+      for (const at::Tensor& t : v.toTensorVector()) out.push_back(ToMeta(t));
+      return c10::IValue(out);
+    }
+    if (v.isList()) {
+      auto l = v.toList();
+      if (l.size() > 0 && (l.elementType()->kind() == c10::TypeKind::OptionalType)) {
+        c10::List<std::optional<at::Tensor>> out;
+        for (size_t i = 0; i < l.size(); ++i) {
+          c10::IValue e = l.get(i);
+          if (e.isNone()) out.push_back(std::nullopt);
+          else out.push_back(ToMeta(e.toTensor()));
+        }
+        return c10::IValue(out);
+      }
+    }
+    return v;
+  }
+};
+
+ET ScalarArgType(const c10::Scalar& s, ET result_hint) {
+  if (s.isBoolean()) return ET::PRED;
+  if (s.isIntegral(false)) return ET::S64;
+  if (s.isComplex()) return result_hint == ET::C128 ? ET::C128 : ET::C64;
+  return result_hint == ET::F64 ? ET::F64 : ET::F32;
+}
+
+std::set<std::string>& WarnedFallbacks() {
+  static std::set<std::string> s;
+  return s;
+}
+
+}  // namespace
+
+void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  std::string name = schema.name();
+  if (!schema.overload_name().empty()) name += "." + schema.overload_name();
+  const ops::Lowering* lw = ops::Find(name);
+  TORCH_CHECK(lw, "torchtpu: no lowering registered for ", name);
+  size_t nargs = schema.arguments().size();
+  std::vector<c10::IValue> args(stack->end() - nargs, stack->end());
+
+  // 1. Output metadata from PyTorch's meta kernels (also validates input).
+  MetaConv mc;
+  torch::jit::Stack mstack;
+  for (auto& a : args) mstack.push_back(mc.Convert(a));
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &mstack);
+
+  std::vector<at::Tensor> outs;   // real output tensors (in order of tensor returns)
+  std::vector<c10::IValue> rets;  // values to return
+  for (auto& m : mstack) {
+    if (m.isTensor()) {
+      const at::Tensor& mt = m.toTensor();
+      auto it = mc.meta_to_real.find(mt.unsafeGetTensorImpl());
+      at::Tensor real;
+      if (it != mc.meta_to_real.end()) {
+        real = it->second;
+        if (real.sizes() != mt.sizes()) real.resize_(mt.sizes());
+      } else {
+        real = empty_strided_tpu(mt.sizes(), mt.strides(), mt.scalar_type(), std::nullopt,
+                             std::nullopt, std::nullopt);
+      }
+      outs.push_back(real);
+      rets.push_back(real);
+    } else if (m.isTensorList()) {
+      std::vector<at::Tensor> list;
+      for (const at::Tensor& mt : m.toTensorVector()) {
+        auto it = mc.meta_to_real.find(mt.unsafeGetTensorImpl());
+        at::Tensor real = it != mc.meta_to_real.end()
+                              ? it->second
+                              : empty_strided_tpu(mt.sizes(), mt.strides(), mt.scalar_type(),
+                                              std::nullopt, std::nullopt, std::nullopt);
+        outs.push_back(real);
+        list.push_back(real);
+      }
+      rets.push_back(c10::IValue(list));
+    } else {
+      rets.push_back(m);
+    }
+  }
+
+  // 2. Lower into the current region.
+  std::lock_guard<std::recursive_mutex> g(Region::Lock());
+  Region& r = Region::Current();
+  ET hint = outs.empty() ? ET::F32 : ToET(outs[0].scalar_type());
+  ops::LowerCtx c{r.b(), name, {}, {}, {}, {}};
+  try {
+    for (size_t i = 0; i < nargs; ++i) {
+      const c10::IValue& v = args[i];
+      const c10::Argument& sa = schema.arguments()[i];
+      ops::Arg a;
+      c.names.push_back(sa.name());
+      if (v.isNone()) {
+        a.kind = ops::Arg::None;
+      } else if (v.isTensor()) {
+        const at::Tensor& t = v.toTensor();
+        if (!t.defined()) {
+          a.kind = ops::Arg::None;
+        } else if (IsTpu(t)) {
+          a.kind = ops::Arg::Tensor;
+          a.v = r.Read(t);
+        } else {
+          TORCH_CHECK(t.dim() == 0, name, ": expected all tensors on the tpu device, but argument '",
+                      sa.name(), "' is on ", t.device());
+          a.kind = ops::Arg::Scalar;
+          c10::Scalar s = t.item();
+          a.v = r.Scalar(s, ScalarArgType(s, hint));
+          a.v = ops::Cast(r.b(), a.v, ToET(t.scalar_type()));
+          a.scalar_hint = s.isComplex() ? 0.0 : s.toDouble();
+        }
+      } else if (v.isTensorList()) {
+        a.kind = ops::Arg::TensorList;
+        for (const at::Tensor& t : v.toTensorVector()) {
+          TORCH_CHECK(IsTpu(t), name, ": expected all tensors of '", sa.name(),
+                      "' on the tpu device, got ", t.device());
+          a.vs.push_back(r.Read(t));
+        }
+      } else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
+        a.kind = ops::Arg::OptTensorList;
+        auto l = v.toList();
+        for (size_t k = 0; k < l.size(); ++k) {
+          c10::IValue e = l.get(k);
+          if (e.isNone() || !e.toTensor().defined()) a.ovs.push_back(std::nullopt);
+          else a.ovs.push_back(r.Read(e.toTensor()));
+        }
+      } else if (v.isScalar() && sa.type()->kind() != c10::TypeKind::IntType &&
+                 sa.type()->kind() != c10::TypeKind::FloatType &&
+                 sa.type()->kind() != c10::TypeKind::BoolType) {
+        c10::Scalar s = v.toScalar();
+        a.kind = ops::Arg::Scalar;
+        a.v = r.Scalar(s, ScalarArgType(s, hint));
+        a.scalar_is_float = s.isFloatingPoint();
+        a.scalar_is_int = s.isIntegral(false);
+        a.scalar_is_bool = s.isBoolean();
+        a.scalar_is_complex = s.isComplex();
+        a.scalar_hint = s.isComplex() ? 0.0 : s.toDouble();
+      } else if (v.isInt()) {
+        a.kind = ops::Arg::Int;
+        a.i = v.toInt();
+        if (sa.type()->kind() == c10::TypeKind::ScalarTypeType ||
+            (sa.type()->kind() == c10::TypeKind::OptionalType &&
+             sa.type()->containedType(0)->kind() == c10::TypeKind::ScalarTypeType))
+          a.i = (int64_t)ToET((c10::ScalarType)v.toInt());
+      } else if (v.isDouble()) {
+        a.kind = ops::Arg::Double;
+        a.d = v.toDouble();
+      } else if (v.isBool()) {
+        a.kind = ops::Arg::Bool;
+        a.b = v.toBool();
+      } else if (v.isIntList()) {
+        a.kind = ops::Arg::IntList;
+        a.ints = v.toIntVector();
+      } else if (v.isDoubleList()) {
+        a.kind = ops::Arg::DoubleList;
+        a.doubles = v.toDoubleVector();
+      } else if (v.isBoolList()) {
+        a.kind = ops::Arg::BoolList;
+        for (bool x : v.toBoolList()) a.bools.push_back(x);
+      } else if (v.isString()) {
+        a.kind = ops::Arg::String;
+        a.s = v.toStringRef();
+      } else if (v.isGenerator()) {
+        a.kind = ops::Arg::Other;
+      } else {
+        a.kind = ops::Arg::Other;
+      }
+      c.args.push_back(std::move(a));
+    }
+    for (auto& t : outs) c.outs.push_back(Type(ToET(t.scalar_type()), hlo::Dims(t.sizes().begin(), t.sizes().end())));
+    if (lw->random) {
+      c10::optional<at::Generator> gen;
+      for (auto& v : args)
+        if (v.isGenerator()) gen = v.toGenerator();
+      int64_t numel = 1;
+      for (auto& t : outs) numel = std::max<int64_t>(numel, t.numel());
+      c.rng_key = [&r, gen, numel] { return r.RngKey(gen, numel); };
+    }
+    std::vector<Value> vals = lw->fn(c);
+    TORCH_CHECK(vals.size() == outs.size(), "torchtpu: lowering of ", name, " returned ", vals.size(),
+                " values for ", outs.size(), " outputs");
+    for (size_t i = 0; i < outs.size(); ++i) {
+      Value v = ops::Cast(r.b(), vals[i], ToET(outs[i].scalar_type()));
+      r.Write(outs[i], v);
+    }
+    r.CountOp();
+  } catch (const ops::LowerError& e) {
+    r.Abandon();
+    TORCH_CHECK(false, e.what());
+  } catch (const pjrt::Error& e) {
+    r.Abandon();
+    TORCH_CHECK(false, "torchtpu: ", name, ": ", e.what());
+  } catch (...) {
+    r.Abandon();
+    throw;
+  }
+  GetMetrics().Native(name);
+  try {
+    Finish(r);
+  } catch (const pjrt::Error& e) {
+    TORCH_CHECK(false, "torchtpu: ", name, " failed on the device: ", e.what());
+  }
+  torch::jit::drop(*stack, nargs);
+  for (auto& v : rets) stack->push_back(std::move(v));
+}
+
+// ---------------------------------------------------------------- CPU fallback
+static std::unordered_set<std::string>& FallbackBlocklist() {
+  static std::unordered_set<std::string> s = {
+      "aten::as_strided", "aten::view", "aten::_reshape_alias", "aten::unfold",
+      "aten::set_", "aten::resize_", "aten::_local_scalar_dense", "aten::_copy_from",
+      "aten::empty", "aten::empty_strided", "aten::view_as_real", "aten::view_as_complex",
+  };
+  return s;
+}
+
+void CpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  std::string name = schema.name();
+  if (!schema.overload_name().empty()) name += "." + schema.overload_name();
+  TORCH_CHECK(!FallbackBlocklist().count(schema.name()), "torchtpu: ", name,
+              " has no tpu kernel and cannot run through the CPU fallback");
+  {
+    std::lock_guard<std::mutex> g(GetMetrics().mu);
+    auto& warned = WarnedFallbacks();
+    if (!warned.count(name)) {
+      warned.insert(name);
+      TORCH_WARN("torchtpu: ", name,
+                 " has no native tpu lowering yet; running it on the CPU (copies to and from "
+                 "the host). This warning is shown once per op.");
+    }
+  }
+  GetMetrics().Fallback(name);
+  at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
+}
+
+// ---------------------------------------------------------------- registration
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided_tpu);
+  m.impl("as_strided", at::native::as_strided_tensorimpl);
+  m.impl("view", at::native::view);
+  m.impl("_reshape_alias", at::native::_reshape_alias);
+  m.impl("unfold", at::native::unfold);
+  m.impl("view_as_real", at::native::view_as_real);
+  m.impl("view_as_complex", at::native::view_as_complex);
+  m.impl("resize_", resize);
+  m.impl("set_.source_Storage_storage_offset", set_source_storage_offset);
+  m.impl("set_.source_Storage", set_source_storage);
+  m.impl("set_.source_Tensor", set_source_tensor);
+  m.impl("set_", set_empty);
+  m.impl("_copy_from", copy_from);
+  m.impl("_copy_from_and_resize", copy_from_and_resize);
+  m.impl("_local_scalar_dense", local_scalar_dense);
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&CpuFallback>());
+}
+
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
+
+// Registers the generic native kernel for every op in the lowering registry
+// (called once at import, after all lowerings have registered).
+void RegisterNativeKernels() {
+  static std::unique_ptr<torch::Library> lib;
+  if (lib) return;
+  lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                         std::optional<c10::DispatchKey>(c10::DispatchKey::PrivateUse1),
+                                         __FILE__, __LINE__);
+  for (const std::string& full : ops::RegisteredOps()) {
+    std::string n = full.substr(6);  // drop "aten::"
+    size_t dot = n.find('.');
+    c10::OperatorName opname("aten::" + n.substr(0, dot), dot == std::string::npos ? "" : n.substr(dot + 1));
+    auto handle = c10::Dispatcher::singleton().findSchema(opname);
+    if (!handle) continue;
+    // Composite ops decompose above us (their autograd comes from the
+    // decomposition); a backend kernel would bypass it. Their lowerings still
+    // serve torch.compile graphs.
+    if (handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
+    lib->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&NativeKernel>());
+  }
+}
+
+}  // namespace tt

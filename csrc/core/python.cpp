@@ -1,0 +1,106 @@
+// The Python extension module torchtpu._C.
+#include <torch/extension.h>
+
+#include "../ops/registry.h"
+#include "events.h"
+#include "executor.h"
+#include "generator.h"
+#include "runtime.h"
+#include "storage.h"
+
+namespace tt {
+void RegisterNativeKernels();
+}
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torchtpu C++ core";
+  m.def("_configure", [](const std::string& plugin_path, const std::string& plugin_name,
+                         int64_t device_count, int64_t device_index, int64_t memory_limit,
+                         const std::string& cache_dir, const std::string& version) {
+    tt::Config c;
+    c.plugin_path = plugin_path;
+    c.plugin_name = plugin_name;
+    c.device_count = device_count;
+    c.device_index = device_index;
+    c.memory_limit = memory_limit;
+    c.cache_dir = cache_dir;
+    c.version = version;
+    tt::Configure(c);
+  });
+  m.def("_register_kernels", &tt::RegisterNativeKernels);
+  m.def("_started", &tt::Started);
+  m.def("_start", []() {
+    try {
+      auto& rt = tt::Runtime::Get();
+      return rt.device_count();
+    } catch (const tt::pjrt::Error& e) {
+      throw std::runtime_error(e.what());
+    }
+  });
+  m.def("_device_info", []() {
+    auto& rt = tt::Runtime::Get();
+    py::dict d;
+    auto& c = rt.client();
+    d["platform_name"] = c.platform_name();
+    d["platform_version"] = c.platform_version();
+    d["device_kind"] = c.device_kind(tt::GetConfig().device_index);
+    d["description"] = c.device_description(tt::GetConfig().device_index);
+    d["num_devices"] = rt.device_count();
+    d["fingerprint"] = rt.fingerprint();
+    py::dict attrs;
+    for (auto& kv : c.api()->Attributes()) attrs[py::str(kv.first)] = kv.second;
+    d["plugin_attributes"] = attrs;
+    d["api_version"] = std::to_string(c.api()->major()) + "." + std::to_string(c.api()->minor());
+    return d;
+  });
+  m.def("_set_mode", [](int mode) { tt::SetMode((tt::Mode)mode); });
+  m.def("_get_mode", []() { return (int)tt::GetMode(); });
+  m.def("_set_thread_mode", &tt::SetThreadMode);
+  m.def("_synchronize", []() { tt::SynchronizeDevice(); });
+  m.def("_flush", []() {
+    std::lock_guard<std::recursive_mutex> g(tt::Region::Lock());
+    if (!tt::Region::Current().empty()) tt::Region::Current().Flush();
+  });
+  m.def("_memory_stats", []() {
+    auto s = tt::GetMemStats();
+    py::dict d;
+    d["allocated_bytes"] = s.allocated;
+    d["peak_allocated_bytes"] = s.peak;
+    d["num_allocs"] = s.num_allocs;
+    d["num_frees"] = s.num_frees;
+    d["live_storages"] = s.segments;
+    d["limit_bytes"] = tt::GetConfig().memory_limit;
+    return d;
+  });
+  m.def("_reset_peak", []() { tt::GetAllocator()->resetPeakStats(0); });
+  m.def("_mem_get_info", []() { return tt::GetAllocator()->getMemoryInfo(0); });
+  m.def("_metrics", []() {
+    auto& mt = tt::GetMetrics();
+    py::dict d;
+    {
+      std::lock_guard<std::mutex> g(mt.mu);
+      py::dict native, fb;
+      for (auto& kv : mt.native_ops) native[py::str(kv.first)] = kv.second;
+      for (auto& kv : mt.fallback_ops) fb[py::str(kv.first)] = kv.second;
+      d["native_ops"] = native;
+      d["cpu_fallbacks"] = fb;
+    }
+    d["compiles"] = mt.compiles.load();
+    d["compile_seconds"] = mt.compile_ns.load() / 1e9;
+    d["cache_hits"] = mt.cache_hits.load();
+    d["cache_misses"] = mt.cache_misses.load();
+    d["disk_cache_hits"] = mt.disk_hits.load();
+    d["executions"] = mt.executions.load();
+    d["bytes_host_to_device"] = mt.h2d_bytes.load();
+    d["bytes_device_to_host"] = mt.d2h_bytes.load();
+    d["live_buffers"] = tt::pjrt::Buffer::live_buffers();
+    d["live_buffer_bytes"] = tt::pjrt::Buffer::live_bytes();
+    d["executable_cache_entries"] = tt::Started() ? (int64_t)tt::Runtime::Get().cache_size() : 0;
+    return d;
+  });
+  m.def("_reset_metrics", []() { tt::GetMetrics().Reset(); });
+  m.def("_lowered_ops", &tt::ops::RegisteredOps);
+  m.def("_default_generator", []() { return tt::DefaultGenerator(0); });
+}

@@ -1,0 +1,126 @@
+#include "runtime.h"
+
+#include <chrono>
+
+#include "disk_cache.h"
+
+namespace tt {
+
+namespace {
+Config g_config;
+std::atomic<bool> g_started{false};
+std::mutex g_start_mu;
+Runtime* g_runtime = nullptr;
+}  // namespace
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void Configure(const Config& c) {
+  std::lock_guard<std::mutex> g(g_start_mu);
+  if (g_started) {
+    // Only the cache dir and memory limit may change after start.
+    g_config.memory_limit = c.memory_limit;
+    g_config.cache_dir = c.cache_dir;
+    return;
+  }
+  g_config = c;
+}
+const Config& GetConfig() { return g_config; }
+bool Started() { return g_started.load(); }
+
+Metrics& GetMetrics() {
+  static Metrics m;
+  return m;
+}
+
+void Metrics::Reset() {
+  std::lock_guard<std::mutex> g(mu);
+  native_ops.clear();
+  fallback_ops.clear();
+  compiles = 0; cache_hits = 0; cache_misses = 0; disk_hits = 0;
+  compile_ns = 0; executions = 0; h2d_bytes = 0; d2h_bytes = 0;
+}
+
+Runtime& Runtime::Get() {
+  if (g_started.load(std::memory_order_acquire)) return *g_runtime;
+  std::lock_guard<std::mutex> g(g_start_mu);
+  if (!g_started) {
+    g_runtime = new Runtime();  // lives for the process (plugin teardown order)
+    g_started.store(true, std::memory_order_release);
+  }
+  return *g_runtime;
+}
+
+Runtime::Runtime() {
+  const Config& c = g_config;
+  if (c.plugin_path.empty())
+    throw pjrt::Error("torchtpu: no PJRT plugin configured (import torchtpu first)");
+  const pjrt::Api* api = pjrt::Api::Load(c.plugin_path);
+  std::vector<pjrt::CreateOption> opts;
+  if (c.plugin_name == "cpu") {
+    pjrt::CreateOption o;
+    o.name = "cpu_device_count";
+    o.kind = pjrt::CreateOption::kInt;
+    o.i = c.device_count;
+    opts.push_back(o);
+  }
+  client_ = std::make_unique<pjrt::Client>(api, opts);
+  const auto& devs = client_->devices();
+  if (devs.empty()) throw pjrt::Error("torchtpu: the PJRT plugin reports no devices");
+  if (c.device_index < 0 || c.device_index >= (int64_t)devs.size())
+    throw pjrt::Error("torchtpu: device index " + std::to_string(c.device_index) +
+                      " is out of range: valid indices are 0.." + std::to_string(devs.size() - 1));
+  device_ = devs[c.device_index];
+  fingerprint_ = client_->platform_name() + "|" + client_->platform_version() + "|api" +
+                 std::to_string(api->major()) + "." + std::to_string(api->minor()) + "|tt" +
+                 c.version;
+}
+
+pjrt::ExecutablePtr Runtime::Executable(const std::string& text) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = cache_.find(text);
+    if (it != cache_.end()) {
+      GetMetrics().cache_hits++;
+      return it->second;
+    }
+  }
+  GetMetrics().cache_misses++;
+  static const std::string options = pjrt::DefaultCompileOptions();
+  pjrt::ExecutablePtr exe;
+  int64_t t0 = NowNs();
+  exe = DiskCacheLoad(*client_, fingerprint_, text, options);
+  if (exe) {
+    GetMetrics().disk_hits++;
+  } else {
+    exe = client_->Compile(text, options);
+    GetMetrics().compiles++;
+    DiskCacheStore(*exe, fingerprint_, text, options);
+  }
+  GetMetrics().compile_ns += NowNs() - t0;
+  std::lock_guard<std::mutex> g(mu_);
+  cache_[text] = exe;
+  return exe;
+}
+
+pjrt::BufferPtr Runtime::Upload(const void* data, PJRT_Buffer_Type type,
+                                const std::vector<int64_t>& dims, int64_t nbytes) {
+  GetMetrics().h2d_bytes += nbytes;
+  return client_->FromHost(data, type, dims, device_, nbytes);
+}
+
+size_t Runtime::cache_size() {
+  std::lock_guard<std::mutex> g(mu_);
+  return cache_.size();
+}
+
+void Runtime::ClearCache() {
+  std::lock_guard<std::mutex> g(mu_);
+  cache_.clear();
+}
+
+}  // namespace tt

@@ -1,0 +1,66 @@
+// Process-wide device state: configuration, the PJRT client for this
+// process's device, the executable cache and the metrics. Torch-free.
+#pragma once
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "../runtime/pjrt.h"
+
+namespace tt {
+
+struct Config {
+  std::string plugin_path;   // resolved by the Python layer
+  std::string plugin_name = "cpu";
+  int64_t device_count = 1;  // CPU plugin: devices to create
+  int64_t device_index = 0;  // the one device this process drives
+  int64_t memory_limit = 0;  // bytes; 0 = none (CPU) / device capacity
+  std::string cache_dir;     // persistent executable cache; empty = off
+  std::string version = "0";
+};
+
+void Configure(const Config& c);
+const Config& GetConfig();
+bool Started();
+
+class Metrics {
+ public:
+  std::mutex mu;
+  std::map<std::string, int64_t> native_ops, fallback_ops;
+  std::atomic<int64_t> compiles{0}, cache_hits{0}, cache_misses{0}, disk_hits{0};
+  std::atomic<int64_t> compile_ns{0}, executions{0};
+  std::atomic<int64_t> h2d_bytes{0}, d2h_bytes{0};
+  void Native(const std::string& op) { std::lock_guard<std::mutex> g(mu); native_ops[op]++; }
+  void Fallback(const std::string& op) { std::lock_guard<std::mutex> g(mu); fallback_ops[op]++; }
+  void Reset();
+};
+Metrics& GetMetrics();
+
+class Runtime {
+ public:
+  static Runtime& Get();  // starts the client on first use (throws pjrt::Error)
+  pjrt::Client& client() { return *client_; }
+  PJRT_Device* device() const { return device_; }
+  int64_t device_count() const { return (int64_t)client_->devices().size(); }
+  // Compiled executable for module text (in-memory, then on-disk cache).
+  pjrt::ExecutablePtr Executable(const std::string& text);
+  pjrt::BufferPtr Upload(const void* data, PJRT_Buffer_Type type, const std::vector<int64_t>& dims,
+                         int64_t nbytes);
+  size_t cache_size();
+  void ClearCache();
+  std::string fingerprint() const { return fingerprint_; }
+ private:
+  Runtime();
+  std::unique_ptr<pjrt::Client> client_;
+  PJRT_Device* device_ = nullptr;
+  std::mutex mu_;
+  std::unordered_map<std::string, pjrt::ExecutablePtr> cache_;
+  std::string fingerprint_;
+};
+
+int64_t NowNs();
+
+}  // namespace tt

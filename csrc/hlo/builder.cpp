@@ -1,0 +1,414 @@
+#include "builder.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+namespace tt::hlo {
+
+const char* ETName(ET t) {
+  switch (t) {
+    case ET::PRED: return "i1";
+    case ET::S8: return "i8";
+    case ET::S16: return "i16";
+    case ET::S32: return "i32";
+    case ET::S64: return "i64";
+    case ET::U8: return "ui8";
+    case ET::U16: return "ui16";
+    case ET::U32: return "ui32";
+    case ET::U64: return "ui64";
+    case ET::F16: return "f16";
+    case ET::BF16: return "bf16";
+    case ET::F32: return "f32";
+    case ET::F64: return "f64";
+    case ET::C64: return "complex<f32>";
+    case ET::C128: return "complex<f64>";
+    case ET::F8E4M3FN: return "f8E4M3FN";
+    case ET::F8E5M2: return "f8E5M2";
+    case ET::F8E8M0FNU: return "f8E8M0FNU";
+    case ET::F4E2M1FN: return "f4E2M1FN";
+  }
+  return "?";
+}
+
+int ETBytes(ET t) {
+  switch (t) {
+    case ET::PRED: case ET::S8: case ET::U8: case ET::F8E4M3FN: case ET::F8E5M2:
+    case ET::F8E8M0FNU: case ET::F4E2M1FN:
+      return 1;
+    case ET::S16: case ET::U16: case ET::F16: case ET::BF16: return 2;
+    case ET::S32: case ET::U32: case ET::F32: return 4;
+    case ET::S64: case ET::U64: case ET::F64: case ET::C64: return 8;
+    case ET::C128: return 16;
+  }
+  return 0;
+}
+
+bool IsFloat(ET t) {
+  switch (t) {
+    case ET::F16: case ET::BF16: case ET::F32: case ET::F64: case ET::F8E4M3FN:
+    case ET::F8E5M2: case ET::F8E8M0FNU: case ET::F4E2M1FN:
+      return true;
+    default: return false;
+  }
+}
+bool IsComplex(ET t) { return t == ET::C64 || t == ET::C128; }
+bool IsUnsigned(ET t) { return t == ET::U8 || t == ET::U16 || t == ET::U32 || t == ET::U64; }
+bool IsInt(ET t) {
+  return IsUnsigned(t) || t == ET::S8 || t == ET::S16 || t == ET::S32 || t == ET::S64;
+}
+ET ComplexPart(ET t) { return t == ET::C128 ? ET::F64 : ET::F32; }
+
+int64_t Type::numel() const {
+  int64_t n = 1;
+  for (auto d : dims) n *= d;
+  return n;
+}
+
+std::string Type::str() const {
+  std::string s = "tensor<";
+  for (auto d : dims) {
+    s += std::to_string(d);
+    s += 'x';
+  }
+  s += ETName(et);
+  s += '>';
+  return s;
+}
+
+std::string Value::name() const {
+  std::string s = arg ? "%arg" : "%";
+  s += std::to_string(id);
+  if (idx >= 0) {
+    s += '#';
+    s += std::to_string(idx);
+  }
+  return s;
+}
+
+std::string I64Array(const Dims& v) {
+  std::string s = "array<i64";
+  for (size_t i = 0; i < v.size(); ++i) {
+    s += i ? ", " : ": ";
+    s += std::to_string(v[i]);
+  }
+  return s + ">";
+}
+
+std::string IntList(const Dims& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(v[i]);
+  }
+  return s + "]";
+}
+
+Builder::Builder() = default;
+
+Value Builder::Arg(const Type& t) {
+  Value v;
+  v.id = (int32_t)arg_types_.size();
+  v.arg = true;
+  v.type = t;
+  arg_types_.push_back(t);
+  arg_attrs_.emplace_back();
+  return v;
+}
+
+static std::string FnType(const std::vector<Value>& operands, const std::vector<Type>& results) {
+  std::string s = "(";
+  for (size_t i = 0; i < operands.size(); ++i) {
+    if (i) s += ", ";
+    s += operands[i].type.str();
+  }
+  s += ") -> ";
+  if (results.size() == 1) return s + results[0].str();
+  s += "(";
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (i) s += ", ";
+    s += results[i].str();
+  }
+  return s + ")";
+}
+
+std::vector<Value> Builder::Op(const std::string& name, const std::vector<Value>& operands,
+                               const std::vector<Type>& results, const std::string& attrs,
+                               const std::vector<Region>& regions) {
+  for (const auto& o : operands)
+    if (!o.valid()) throw std::runtime_error("hlo: invalid operand to " + name);
+  int id = next_++;
+  std::string line = indent_;
+  if (!results.empty()) {
+    line += "%" + std::to_string(id);
+    if (results.size() > 1) line += ":" + std::to_string(results.size());
+    line += " = ";
+  }
+  line += "\"" + name + "\"(";
+  for (size_t i = 0; i < operands.size(); ++i) {
+    if (i) line += ", ";
+    line += operands[i].name();
+  }
+  line += ")";
+  if (!regions.empty()) {
+    line += " (";
+    for (size_t r = 0; r < regions.size(); ++r) {
+      if (r) line += ", ";
+      line += "{\n";
+      std::string saved_body;
+      saved_body.swap(body_);
+      std::string saved_indent = indent_;
+      indent_ += "  ";
+      std::vector<Value> bargs;
+      std::string header = indent_.substr(0, indent_.size() - 2) + "^bb0(";
+      for (size_t i = 0; i < regions[r].arg_types.size(); ++i) {
+        Value v;
+        v.id = next_++;
+        v.type = regions[r].arg_types[i];
+        bargs.push_back(v);
+        if (i) header += ", ";
+        header += v.name() + ": " + v.type.str();
+      }
+      header += "):\n";
+      std::vector<Value> rets = regions[r].body(*this, bargs);
+      std::vector<Type> rtypes;
+      std::string ret = indent_ + "\"stablehlo.return\"(";
+      for (size_t i = 0; i < rets.size(); ++i) {
+        if (i) ret += ", ";
+        ret += rets[i].name();
+      }
+      ret += ") : (";
+      for (size_t i = 0; i < rets.size(); ++i) {
+        if (i) ret += ", ";
+        ret += rets[i].type.str();
+      }
+      ret += ") -> ()\n";
+      std::string inner = header + body_ + ret;
+      body_.swap(saved_body);
+      indent_ = saved_indent;
+      line += inner + indent_ + "}";
+    }
+    line += ")";
+  }
+  if (!attrs.empty()) line += " {" + attrs + "}";
+  line += " : " + FnType(operands, results) + "\n";
+  body_ += line;
+  std::vector<Value> out;
+  out.reserve(results.size());
+  for (size_t i = 0; i < results.size(); ++i) {
+    Value v;
+    v.id = id;
+    v.idx = results.size() > 1 ? (int32_t)i : -1;
+    v.type = results[i];
+    out.push_back(v);
+  }
+  return out;
+}
+
+std::string Builder::Finish(const std::vector<Value>& results, const std::string& name) const {
+  std::string s = "module @" + name +
+                  " attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"
+                  "  func.func public @main(";
+  for (size_t i = 0; i < arg_types_.size(); ++i) {
+    if (i) s += ", ";
+    s += "%arg" + std::to_string(i) + ": " + arg_types_[i].str();
+    if (!arg_attrs_[i].empty()) s += " {" + arg_attrs_[i] + "}";
+  }
+  s += ") -> (";
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (i) s += ", ";
+    s += results[i].type.str();
+  }
+  s += ") {\n" + body_ + "    \"func.return\"(";
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (i) s += ", ";
+    s += results[i].name();
+  }
+  s += ") : (";
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (i) s += ", ";
+    s += results[i].type.str();
+  }
+  s += ") -> ()\n  }\n}\n";
+  return s;
+}
+
+// ---------------------------------------------------------------- helpers
+static std::string FloatLiteral(ET et, double v) {
+  char buf[64];
+  if (std::isfinite(v)) {
+    std::snprintf(buf, sizeof buf, "%.17e", v);
+    return buf;
+  }
+  bool neg = std::signbit(v);
+  uint64_t bits = 0;
+  int width = 0;
+  switch (et) {
+    case ET::F64: bits = std::isnan(v) ? 0x7FF8000000000000ull : 0x7FF0000000000000ull;
+      if (neg) bits |= 0x8000000000000000ull; width = 16; break;
+    case ET::F32: bits = std::isnan(v) ? 0x7FC00000u : 0x7F800000u; if (neg) bits |= 0x80000000u;
+      width = 8; break;
+    case ET::F16: bits = std::isnan(v) ? 0x7E00 : 0x7C00; if (neg) bits |= 0x8000; width = 4; break;
+    case ET::BF16: bits = std::isnan(v) ? 0x7FC0 : 0x7F80; if (neg) bits |= 0x8000; width = 4; break;
+    default: throw std::runtime_error("hlo: non-finite literal for this type");
+  }
+  std::snprintf(buf, sizeof buf, "0x%0*llX", width, (unsigned long long)bits);
+  return buf;
+}
+
+Value Builder::Constant(const Type& t, const std::string& literal) {
+  return Op1("stablehlo.constant", {}, t, "value = dense<" + literal + "> : " + t.str());
+}
+
+Value Builder::ScalarConst(ET et, double v) { return Splat(Type(et, {}), v); }
+
+Value Builder::Splat(const Type& t, double v) {
+  ET et = t.et;
+  if (et == ET::PRED) return Constant(t, v != 0 ? "true" : "false");
+  if (IsInt(et)) {
+    char buf[32];
+    if (IsUnsigned(et)) std::snprintf(buf, sizeof buf, "%llu", (unsigned long long)(v < 0 ? 0 : v));
+    else std::snprintf(buf, sizeof buf, "%lld", (long long)v);
+    return Constant(t, buf);
+  }
+  if (IsComplex(et)) {
+    ET p = ComplexPart(et);
+    return Constant(t, "(" + FloatLiteral(p, v) + ", " + FloatLiteral(p, 0.0) + ")");
+  }
+  if (et == ET::F32 || et == ET::F64 || et == ET::F16 || et == ET::BF16)
+    return Constant(t, FloatLiteral(et, v));
+  // Narrow float formats: build in f32 and convert.
+  return Convert(Constant(t.with_et(ET::F32), FloatLiteral(ET::F32, v)), et);
+}
+
+Value Builder::Convert(Value v, ET et) {
+  if (v.et() == et) return v;
+  return Op1("stablehlo.convert", {v}, v.type.with_et(et));
+}
+
+Value Builder::BitcastConvert(Value v, const Type& t) {
+  return Op1("stablehlo.bitcast_convert", {v}, t);
+}
+
+Value Builder::Reshape(Value v, const Dims& dims) {
+  if (v.dims() == dims) return v;
+  return Op1("stablehlo.reshape", {v}, v.type.with_dims(dims));
+}
+
+Value Builder::Broadcast(Value v, const Dims& dims, const Dims& bdims) {
+  return Op1("stablehlo.broadcast_in_dim", {v}, v.type.with_dims(dims),
+             "broadcast_dimensions = " + I64Array(bdims));
+}
+
+Value Builder::BroadcastTo(Value v, const Dims& dims) {
+  if (v.dims() == dims) return v;
+  int r = v.rank(), n = (int)dims.size();
+  if (r > n) throw std::runtime_error("hlo: cannot broadcast to a lower rank");
+  Dims bd;
+  for (int i = 0; i < r; ++i) bd.push_back(n - r + i);
+  return Broadcast(v, dims, bd);
+}
+
+Value Builder::Transpose(Value v, const Dims& perm) {
+  bool ident = true;
+  for (size_t i = 0; i < perm.size(); ++i) ident &= perm[i] == (int64_t)i;
+  if (ident) return v;
+  Dims d;
+  for (auto p : perm) d.push_back(v.dims()[p]);
+  return Op1("stablehlo.transpose", {v}, v.type.with_dims(d), "permutation = " + I64Array(perm));
+}
+
+Value Builder::Slice(Value v, const Dims& start, const Dims& limit, const Dims& strides) {
+  Dims d;
+  bool ident = true;
+  for (size_t i = 0; i < start.size(); ++i) {
+    d.push_back((limit[i] - start[i] + strides[i] - 1) / strides[i]);
+    if (d.back() < 0) d.back() = 0;
+    ident &= start[i] == 0 && limit[i] == v.dims()[i] && strides[i] == 1;
+  }
+  if (ident) return v;
+  return Op1("stablehlo.slice", {v}, v.type.with_dims(d),
+             "start_indices = " + I64Array(start) + ", limit_indices = " + I64Array(limit) +
+                 ", strides = " + I64Array(strides));
+}
+
+Value Builder::Concat(const std::vector<Value>& vs, int64_t dim) {
+  if (vs.size() == 1) return vs[0];
+  Dims d = vs[0].dims();
+  d[dim] = 0;
+  for (auto& v : vs) d[dim] += v.dims()[dim];
+  return Op1("stablehlo.concatenate", vs, vs[0].type.with_dims(d),
+             "dimension = " + std::to_string(dim) + " : i64");
+}
+
+Value Builder::Iota(const Type& t, int64_t dim) {
+  return Op1("stablehlo.iota", {}, t, "iota_dimension = " + std::to_string(dim) + " : i64");
+}
+
+Value Builder::Pad(Value v, Value pad_value, const Dims& low, const Dims& high, const Dims& interior) {
+  Dims d = v.dims();
+  for (size_t i = 0; i < d.size(); ++i)
+    d[i] = low[i] + high[i] + d[i] + (d[i] > 0 ? (d[i] - 1) * interior[i] : 0);
+  return Op1("stablehlo.pad", {v, pad_value}, v.type.with_dims(d),
+             "edge_padding_low = " + I64Array(low) + ", edge_padding_high = " + I64Array(high) +
+                 ", interior_padding = " + I64Array(interior));
+}
+
+Value Builder::Select(Value pred, Value a, Value b) {
+  return Op1("stablehlo.select", {pred, a, b}, a.type);
+}
+
+Value Builder::Compare(Value a, Value b, const char* dir) {
+  const char* ct = IsFloat(a.et()) || IsComplex(a.et()) ? "FLOAT"
+                   : (IsUnsigned(a.et()) || IsBool(a.et())) ? "UNSIGNED"
+                                                            : "SIGNED";
+  if (IsComplex(a.et())) ct = "FLOAT";
+  return Op1("stablehlo.compare", {a, b}, a.type.with_et(ET::PRED),
+             std::string("comparison_direction = #stablehlo<comparison_direction ") + dir +
+                 ">, compare_type = #stablehlo<comparison_type " + ct + ">");
+}
+
+std::vector<Value> Builder::ReduceMulti(const std::vector<Value>& vs, const std::vector<Value>& inits,
+                                        const Dims& dims, const RegionFn& body) {
+  Dims out;
+  const Dims& in = vs[0].dims();
+  for (int64_t i = 0; i < (int64_t)in.size(); ++i) {
+    bool red = false;
+    for (auto d : dims) red |= d == i;
+    if (!red) out.push_back(in[i]);
+  }
+  std::vector<Value> operands = vs;
+  operands.insert(operands.end(), inits.begin(), inits.end());
+  std::vector<Type> rtypes;
+  Region reg;
+  for (auto& v : vs) rtypes.push_back(v.type.with_dims(out));
+  for (int k = 0; k < 2; ++k)
+    for (auto& v : vs) reg.arg_types.push_back(Type(v.et(), {}));
+  reg.body = body;
+  return Op("stablehlo.reduce", operands, rtypes, "dimensions = " + I64Array(dims), {reg});
+}
+
+Value Builder::Reduce(Value v, Value init, const Dims& dims, const char* op) {
+  std::string name = std::string("stablehlo.") + op;
+  return ReduceMulti({v}, {init}, dims, [name](Builder& b, const std::vector<Value>& a) {
+    return std::vector<Value>{b.Op1(name, {a[0], a[1]}, a[0].type)};
+  })[0];
+}
+
+Value Builder::DotGeneral(Value a, Value b, const Dims& lb, const Dims& rb, const Dims& lc,
+                          const Dims& rc, const Type& result) {
+  return Op1("stablehlo.dot_general", {a, b}, result,
+             "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = " + IntList(lb) +
+                 ", rhs_batching_dimensions = " + IntList(rb) +
+                 ", lhs_contracting_dimensions = " + IntList(lc) +
+                 ", rhs_contracting_dimensions = " + IntList(rc) + ">");
+}
+
+Value Builder::DynamicUpdateSlice(Value operand, Value update, const std::vector<Value>& starts) {
+  std::vector<Value> ops{operand, update};
+  ops.insert(ops.end(), starts.begin(), starts.end());
+  return Op1("stablehlo.dynamic_update_slice", ops, operand.type);
+}
+
+}  // namespace tt::hlo

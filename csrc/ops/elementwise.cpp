@@ -1,0 +1,401 @@
+// Elementwise ops: table-driven unary and binary math, comparisons, where,
+// clamp, fill. The output dtype comes from PyTorch's meta kernels; math runs
+// in ComputeType(out) (f16/bf16 upcast to f32, as PyTorch's CPU kernels do).
+#include <cmath>
+
+#include "registry.h"
+
+namespace tt::ops {
+namespace {
+
+// ---- unary math: out = f(x) ----
+using UnaryFn = Value (*)(Builder&, Value);
+
+#define HLO_UNARY(fname, opname) \
+  Value fname(Builder& b, Value x) { return b.Unary(opname, x); }
+HLO_UNARY(u_exp, "exponential")
+HLO_UNARY(u_expm1, "exponential_minus_one")
+HLO_UNARY(u_log, "log")
+HLO_UNARY(u_log1p, "log_plus_one")
+HLO_UNARY(u_sqrt, "sqrt")
+HLO_UNARY(u_rsqrt, "rsqrt")
+HLO_UNARY(u_tanh, "tanh")
+HLO_UNARY(u_sin, "sine")
+HLO_UNARY(u_cos, "cosine")
+HLO_UNARY(u_tan, "tan")
+HLO_UNARY(u_abs, "abs")
+HLO_UNARY(u_neg, "negate")
+HLO_UNARY(u_floor, "floor")
+HLO_UNARY(u_ceil, "ceil")
+HLO_UNARY(u_sign, "sign")
+HLO_UNARY(u_logistic, "logistic")
+HLO_UNARY(u_round, "round_nearest_even")
+#undef HLO_UNARY
+
+Value One(Builder& b, const Value& x, double v) { return b.Splat(x.type, v); }
+
+Value u_trunc(Builder& b, Value x) {
+  Value fl = b.Unary("floor", x), ce = b.Unary("ceil", x);
+  return b.Select(b.Compare(x, b.Zeros(x.type), "LT"), ce, fl);
+}
+Value u_relu(Builder& b, Value x) { return b.Max(x, b.Zeros(x.type)); }
+Value u_reciprocal(Builder& b, Value x) { return b.Div(One(b, x, 1), x); }
+Value u_log2(Builder& b, Value x) { return b.Div(b.Unary("log", x), One(b, x, std::log(2.0))); }
+Value u_log10(Builder& b, Value x) { return b.Div(b.Unary("log", x), One(b, x, std::log(10.0))); }
+Value u_exp2(Builder& b, Value x) { return b.Unary("exponential", b.Mul(x, One(b, x, std::log(2.0)))); }
+Value u_square(Builder& b, Value x) { return b.Mul(x, x); }
+Value u_silu(Builder& b, Value x) { return b.Mul(x, b.Unary("logistic", x)); }
+Value u_erf(Builder& b, Value x) { return b.Op1("chlo.erf", {x}, x.type); }
+Value u_erfinv(Builder& b, Value x) { return b.Op1("chlo.erf_inv", {x}, x.type); }
+Value u_asin(Builder& b, Value x) { return b.Op1("chlo.asin", {x}, x.type); }
+Value u_acos(Builder& b, Value x) { return b.Op1("chlo.acos", {x}, x.type); }
+Value u_atan(Builder& b, Value x) { return b.Op1("chlo.atan", {x}, x.type); }
+Value u_sinh(Builder& b, Value x) { return b.Op1("chlo.sinh", {x}, x.type); }
+Value u_cosh(Builder& b, Value x) { return b.Op1("chlo.cosh", {x}, x.type); }
+Value u_asinh(Builder& b, Value x) { return b.Op1("chlo.asinh", {x}, x.type); }
+Value u_acosh(Builder& b, Value x) { return b.Op1("chlo.acosh", {x}, x.type); }
+Value u_atanh(Builder& b, Value x) { return b.Op1("chlo.atanh", {x}, x.type); }
+Value u_lgamma(Builder& b, Value x) { return b.Op1("chlo.lgamma", {x}, x.type); }
+Value u_digamma(Builder& b, Value x) { return b.Op1("chlo.digamma", {x}, x.type); }
+Value u_mish(Builder& b, Value x) {
+  // x * tanh(softplus(x))
+  Value sp = b.Unary("log_plus_one", b.Unary("exponential", x));
+  Value big = b.Compare(x, One(b, x, 20.0), "GT");
+  sp = b.Select(big, x, sp);
+  return b.Mul(x, b.Unary("tanh", sp));
+}
+Value u_hardsigmoid(Builder& b, Value x) {
+  Value y = b.Div(b.Add(x, One(b, x, 3)), One(b, x, 6));
+  return b.Min(b.Max(y, b.Zeros(x.type)), One(b, x, 1));
+}
+Value u_hardswish(Builder& b, Value x) { return b.Mul(x, u_hardsigmoid(b, x)); }
+Value u_sigmoid(Builder& b, Value x) { return b.Unary("logistic", x); }
+Value u_frac(Builder& b, Value x) { return b.Sub(x, u_trunc(b, x)); }
+Value u_sgn(Builder& b, Value x) { return b.Unary("sign", x); }
+
+struct UnaryRow {
+  std::initializer_list<const char*> names;
+  UnaryFn fn;
+  bool int_passthrough;  // integer inputs: apply on the integer type (abs, neg, ...)
+};
+
+std::vector<Value> LowerUnary(LowerCtx& c, UnaryFn fn, bool int_ok) {
+  Value x = c.t(0);
+  ET out = c.out().et;
+  ET ct = ComputeType(out);
+  if (!int_ok || hlo::IsFloat(out) || hlo::IsComplex(out)) x = Cast(c.b, x, ct);
+  else x = Cast(c.b, x, out);
+  return {fn(c.b, x)};
+}
+
+template <UnaryFn F, bool IntOk>
+std::vector<Value> UnaryLowering(LowerCtx& c) {
+  return LowerUnary(c, F, IntOk);
+}
+
+#define UNARY(base, fn, intok)                                                           \
+  TT_LOWERINGS(({"aten::" base, "aten::" base "_", "aten::" base ".out"}),              \
+               (UnaryLowering<fn, intok>))
+UNARY("exp", u_exp, false);
+UNARY("expm1", u_expm1, false);
+UNARY("exp2", u_exp2, false);
+UNARY("log", u_log, false);
+UNARY("log1p", u_log1p, false);
+UNARY("log2", u_log2, false);
+UNARY("log10", u_log10, false);
+UNARY("sqrt", u_sqrt, false);
+UNARY("rsqrt", u_rsqrt, false);
+UNARY("tanh", u_tanh, false);
+UNARY("sin", u_sin, false);
+UNARY("cos", u_cos, false);
+UNARY("tan", u_tan, false);
+UNARY("asin", u_asin, false);
+UNARY("acos", u_acos, false);
+UNARY("atan", u_atan, false);
+UNARY("sinh", u_sinh, false);
+UNARY("cosh", u_cosh, false);
+UNARY("asinh", u_asinh, false);
+UNARY("acosh", u_acosh, false);
+UNARY("atanh", u_atanh, false);
+UNARY("erf", u_erf, false);
+UNARY("erfinv", u_erfinv, false);
+UNARY("lgamma", u_lgamma, false);
+UNARY("digamma", u_digamma, false);
+UNARY("sigmoid", u_sigmoid, false);
+UNARY("reciprocal", u_reciprocal, false);
+UNARY("abs", u_abs, true);
+UNARY("neg", u_neg, true);
+UNARY("floor", u_floor, true);
+UNARY("ceil", u_ceil, true);
+UNARY("trunc", u_trunc, true);
+UNARY("frac", u_frac, false);
+UNARY("round", u_round, true);
+UNARY("sign", u_sign, true);
+UNARY("sgn", u_sgn, true);
+UNARY("relu", u_relu, true);
+UNARY("silu", u_silu, false);
+UNARY("mish", u_mish, false);
+UNARY("hardswish", u_hardswish, false);
+UNARY("hardsigmoid", u_hardsigmoid, false);
+UNARY("square", u_square, true);
+#undef UNARY
+
+// ---- binary arithmetic ----
+using BinaryFn = Value (*)(Builder&, Value, Value);
+Value b_add(Builder& b, Value x, Value y) { return x.et() == ET::PRED ? b.Binary("or", x, y) : b.Add(x, y); }
+Value b_sub(Builder& b, Value x, Value y) { return b.Sub(x, y); }
+Value b_mul(Builder& b, Value x, Value y) { return x.et() == ET::PRED ? b.Binary("and", x, y) : b.Mul(x, y); }
+Value b_max(Builder& b, Value x, Value y) {
+  if (!hlo::IsFloat(x.et())) return b.Max(x, y);
+  // propagate NaN like torch.maximum
+  Value r = b.Max(x, y);
+  Value nan = b.Compare(x, x, "NE");
+  r = b.Select(nan, x, r);
+  return b.Select(b.Compare(y, y, "NE"), y, r);
+}
+Value b_min(Builder& b, Value x, Value y) {
+  if (!hlo::IsFloat(x.et())) return b.Min(x, y);
+  Value r = b.Min(x, y);
+  r = b.Select(b.Compare(x, x, "NE"), x, r);
+  return b.Select(b.Compare(y, y, "NE"), y, r);
+}
+Value b_fmax(Builder& b, Value x, Value y) {
+  if (!hlo::IsFloat(x.et())) return b.Max(x, y);
+  Value r = b.Max(x, y);
+  r = b.Select(b.Compare(x, x, "NE"), y, r);
+  return b.Select(b.Compare(y, y, "NE"), x, r);
+}
+Value b_fmin(Builder& b, Value x, Value y) {
+  if (!hlo::IsFloat(x.et())) return b.Min(x, y);
+  Value r = b.Min(x, y);
+  r = b.Select(b.Compare(x, x, "NE"), y, r);
+  return b.Select(b.Compare(y, y, "NE"), x, r);
+}
+Value b_pow(Builder& b, Value x, Value y) { return b.Binary("power", x, y); }
+Value b_atan2(Builder& b, Value x, Value y) { return b.Binary("atan2", x, y); }
+Value b_and(Builder& b, Value x, Value y) { return b.Binary("and", x, y); }
+Value b_or(Builder& b, Value x, Value y) { return b.Binary("or", x, y); }
+Value b_xor(Builder& b, Value x, Value y) { return b.Binary("xor", x, y); }
+Value b_shl(Builder& b, Value x, Value y) { return b.Binary("shift_left", x, y); }
+Value b_shr(Builder& b, Value x, Value y) { return b.Binary("shift_right_arithmetic", x, y); }
+
+// Broadcast both operands to the output shape in compute type ct.
+std::pair<Value, Value> Operands(LowerCtx& c, size_t i, size_t j, ET ct) {
+  const Dims& d = c.out().dims;
+  return {Bcast(c.b, c.t(i), d, ct), Bcast(c.b, c.t(j), d, ct)};
+}
+
+template <BinaryFn F>
+std::vector<Value> BinaryLowering(LowerCtx& c) {
+  ET ct = ComputeType(c.out().et);
+  auto [x, y] = Operands(c, 0, 1, ct);
+  return {F(c.b, x, y)};
+}
+
+// add/sub with alpha: x + alpha * y
+template <bool Sub>
+std::vector<Value> AddLowering(LowerCtx& c) {
+  ET ct = ComputeType(c.out().et);
+  auto [x, y] = Operands(c, 0, 1, ct);
+  if (c.has(2) && c.arg(2).kind == Arg::Scalar) {
+    const Arg& al = c.arg(2);
+    if (!(al.scalar_hint == 1.0 && !al.scalar_is_complex))
+      y = c.b.Mul(y, Bcast(c.b, al.v, y.dims(), ct));
+  }
+  return {Sub ? c.b.Sub(x, y) : b_add(c.b, x, y)};
+}
+
+std::vector<Value> DivLowering(LowerCtx& c) {
+  ET out = c.out().et;
+  ET ct = ComputeType(out);
+  auto [x, y] = Operands(c, 0, 1, ct);
+  std::string mode;
+  for (size_t i = 2; i < c.args.size(); ++i)
+    if (c.arg(i).kind == Arg::String) mode = c.arg(i).s;
+  if (mode.empty() || hlo::IsFloat(ct) || hlo::IsComplex(ct)) {
+    Value q = c.b.Div(x, y);
+    if (mode == "trunc") q = u_trunc(c.b, q);
+    if (mode == "floor") q = c.b.Unary("floor", q);
+    return {q};
+  }
+  // integer division
+  Value q = c.b.Div(x, y);  // truncates toward zero
+  if (mode == "floor") {
+    Value r = c.b.Binary("remainder", x, y);
+    Value zero = c.b.Zeros(x.type);
+    Value adjust = c.b.Binary("and", c.b.Compare(r, zero, "NE"),
+                              c.b.Compare(c.b.Compare(r, zero, "LT"), c.b.Compare(y, zero, "LT"), "NE"));
+    q = c.b.Select(adjust, c.b.Sub(q, c.b.Splat(q.type, 1)), q);
+  }
+  return {q};
+}
+
+std::vector<Value> RemainderLowering(LowerCtx& c) {
+  ET ct = ComputeType(c.out().et);
+  auto [x, y] = Operands(c, 0, 1, ct);
+  Value r = c.b.Binary("remainder", x, y);  // sign of dividend (fmod)
+  Value zero = c.b.Zeros(r.type);
+  Value fix = c.b.Binary("and", c.b.Compare(r, zero, "NE"),
+                         c.b.Compare(c.b.Compare(r, zero, "LT"), c.b.Compare(y, zero, "LT"), "NE"));
+  return {c.b.Select(fix, c.b.Add(r, y), r)};
+}
+
+std::vector<Value> FmodLowering(LowerCtx& c) {
+  ET ct = ComputeType(c.out().et);
+  auto [x, y] = Operands(c, 0, 1, ct);
+  return {c.b.Binary("remainder", x, y)};
+}
+
+#define BINARY_T(base, fn)                                                                  \
+  TT_LOWERINGS(({"aten::" base ".Tensor", "aten::" base "_.Tensor", "aten::" base ".out",   \
+                 "aten::" base ".Scalar", "aten::" base "_.Scalar", "aten::" base ".Scalar_out"}), \
+               fn)
+BINARY_T("add", AddLowering<false>);
+BINARY_T("sub", AddLowering<true>);
+BINARY_T("mul", BinaryLowering<b_mul>);
+BINARY_T("div", DivLowering);
+BINARY_T("remainder", RemainderLowering);
+BINARY_T("fmod", FmodLowering);
+BINARY_T("bitwise_and", BinaryLowering<b_and>);
+BINARY_T("bitwise_or", BinaryLowering<b_or>);
+BINARY_T("bitwise_xor", BinaryLowering<b_xor>);
+TT_LOWERINGS(({"aten::div.Tensor_mode", "aten::div_.Tensor_mode", "aten::div.out_mode",
+               "aten::div.Scalar_mode", "aten::div_.Scalar_mode", "aten::div.Scalar_mode_out"}),
+             DivLowering);
+TT_LOWERINGS(({"aten::maximum", "aten::maximum.out"}), BinaryLowering<b_max>);
+TT_LOWERINGS(({"aten::minimum", "aten::minimum.out"}), BinaryLowering<b_min>);
+TT_LOWERINGS(({"aten::fmax", "aten::fmax.out"}), BinaryLowering<b_fmax>);
+TT_LOWERINGS(({"aten::fmin", "aten::fmin.out"}), BinaryLowering<b_fmin>);
+TT_LOWERINGS(({"aten::atan2", "aten::atan2_", "aten::atan2.out"}), BinaryLowering<b_atan2>);
+TT_LOWERINGS(({"aten::pow.Tensor_Tensor", "aten::pow_.Tensor", "aten::pow.Tensor_Tensor_out",
+               "aten::pow.Tensor_Scalar", "aten::pow_.Scalar", "aten::pow.Tensor_Scalar_out"}),
+             BinaryLowering<b_pow>);
+TT_LOWERINGS(({"aten::bitwise_left_shift.Tensor", "aten::bitwise_left_shift_.Tensor",
+               "aten::bitwise_left_shift.Tensor_out"}), BinaryLowering<b_shl>);
+TT_LOWERINGS(({"aten::bitwise_right_shift.Tensor", "aten::bitwise_right_shift_.Tensor",
+               "aten::bitwise_right_shift.Tensor_out"}), BinaryLowering<b_shr>);
+
+std::vector<Value> PowScalarBase(LowerCtx& c) {  // pow(Scalar self, Tensor exponent)
+  ET ct = ComputeType(c.out().et);
+  const Dims& d = c.out().dims;
+  return {c.b.Binary("power", Bcast(c.b, c.t(0), d, ct), Bcast(c.b, c.t(1), d, ct))};
+}
+TT_LOWERINGS(({"aten::pow.Scalar", "aten::pow.Scalar_out"}), PowScalarBase);
+
+// ---- comparisons and logical ops (bool outputs) ----
+template <const char* Dir>
+std::vector<Value> CompareLowering(LowerCtx& c) {
+  ET ct = CommonType(c, {0, 1});
+  auto [x, y] = Operands(c, 0, 1, ct);
+  return {c.b.Compare(x, y, Dir)};
+}
+constexpr char kEQ[] = "EQ", kNE[] = "NE", kLT[] = "LT", kLE[] = "LE", kGT[] = "GT", kGE[] = "GE";
+#define COMPARE(base, dir) BINARY_T(base, CompareLowering<dir>)
+COMPARE("eq", kEQ);
+COMPARE("ne", kNE);
+COMPARE("lt", kLT);
+COMPARE("le", kLE);
+COMPARE("gt", kGT);
+COMPARE("ge", kGE);
+#undef COMPARE
+
+template <BinaryFn F>
+std::vector<Value> LogicalLowering(LowerCtx& c) {
+  const Dims& d = c.out().dims;
+  Value x = Bcast(c.b, c.t(0), d, ET::PRED), y = Bcast(c.b, c.t(1), d, ET::PRED);
+  return {F(c.b, x, y)};
+}
+TT_LOWERINGS(({"aten::logical_and", "aten::logical_and_", "aten::logical_and.out"}), LogicalLowering<b_and>);
+TT_LOWERINGS(({"aten::logical_or", "aten::logical_or_", "aten::logical_or.out"}), LogicalLowering<b_or>);
+TT_LOWERINGS(({"aten::logical_xor", "aten::logical_xor_", "aten::logical_xor.out"}), LogicalLowering<b_xor>);
+
+std::vector<Value> LogicalNot(LowerCtx& c) {
+  Value x = Cast(c.b, c.t(0), ET::PRED);
+  return {c.b.Unary("not", x)};
+}
+TT_LOWERINGS(({"aten::logical_not", "aten::logical_not_", "aten::logical_not.out"}), LogicalNot);
+
+std::vector<Value> BitwiseNot(LowerCtx& c) { return {c.b.Unary("not", Cast(c.b, c.t(0), c.out().et))}; }
+TT_LOWERINGS(({"aten::bitwise_not", "aten::bitwise_not_", "aten::bitwise_not.out"}), BitwiseNot);
+
+std::vector<Value> IsNan(LowerCtx& c) {
+  Value x = c.t(0);
+  if (!hlo::IsFloat(x.et())) return {c.b.Splat(c.out(), 0)};
+  return {c.b.Compare(x, x, "NE")};
+}
+TT_LOWERING("aten::isnan", IsNan);
+
+std::vector<Value> IsFinite(LowerCtx& c) {
+  Value x = c.t(0);
+  if (!hlo::IsFloat(x.et())) return {c.b.Splat(c.out(), 1)};
+  return {c.b.Op1("stablehlo.is_finite", {x}, x.type.with_et(ET::PRED))};
+}
+TT_LOWERING("aten::isfinite", IsFinite);
+
+// ---- where / clamp / fill / lerp / addcmul ----
+std::vector<Value> Where(LowerCtx& c) {
+  const Dims& d = c.out().dims;
+  ET et = c.out().et;
+  return {c.b.Select(Bcast(c.b, c.t(0), d, ET::PRED), Bcast(c.b, c.t(1), d, et), Bcast(c.b, c.t(2), d, et))};
+}
+TT_LOWERINGS(({"aten::where.self", "aten::where.self_out", "aten::where.ScalarSelf",
+               "aten::where.ScalarOther", "aten::where.Scalar"}), Where);
+
+std::vector<Value> Clamp(LowerCtx& c) {
+  ET et = c.out().et;
+  const Dims& d = c.out().dims;
+  ET ct = ComputeType(et);
+  Value x = Bcast(c.b, c.t(0), d, ct);
+  if (c.has(1)) x = b_max(c.b, x, Bcast(c.b, c.t(1), d, ct));
+  if (c.has(2)) x = b_min(c.b, x, Bcast(c.b, c.t(2), d, ct));
+  return {x};
+}
+TT_LOWERINGS(({"aten::clamp", "aten::clamp_", "aten::clamp.out", "aten::clamp.Tensor",
+               "aten::clamp_.Tensor", "aten::clamp.Tensor_out"}), Clamp);
+
+std::vector<Value> ClampMin(LowerCtx& c) {
+  ET ct = ComputeType(c.out().et);
+  auto [x, y] = Operands(c, 0, 1, ct);
+  return {b_max(c.b, x, y)};
+}
+std::vector<Value> ClampMax(LowerCtx& c) {
+  ET ct = ComputeType(c.out().et);
+  auto [x, y] = Operands(c, 0, 1, ct);
+  return {b_min(c.b, x, y)};
+}
+TT_LOWERINGS(({"aten::clamp_min", "aten::clamp_min_", "aten::clamp_min.out", "aten::clamp_min.Tensor",
+               "aten::clamp_min_.Tensor", "aten::clamp_min.Tensor_out"}), ClampMin);
+TT_LOWERINGS(({"aten::clamp_max", "aten::clamp_max_", "aten::clamp_max.out", "aten::clamp_max.Tensor",
+               "aten::clamp_max_.Tensor", "aten::clamp_max.Tensor_out"}), ClampMax);
+
+std::vector<Value> Fill(LowerCtx& c) {
+  return {Bcast(c.b, c.t(1), c.out().dims, c.out().et)};
+}
+TT_LOWERINGS(({"aten::fill_.Scalar", "aten::fill_.Tensor", "aten::fill.Scalar", "aten::fill.Tensor"}), Fill);
+
+std::vector<Value> Zero(LowerCtx& c) { return {c.b.Zeros(c.out())}; }
+TT_LOWERING("aten::zero_", Zero);
+
+std::vector<Value> Lerp(LowerCtx& c) {
+  ET ct = ComputeType(c.out().et);
+  const Dims& d = c.out().dims;
+  Value s = Bcast(c.b, c.t(0), d, ct), e = Bcast(c.b, c.t(1), d, ct), w = Bcast(c.b, c.t(2), d, ct);
+  return {c.b.Add(s, c.b.Mul(w, c.b.Sub(e, s)))};
+}
+TT_LOWERINGS(({"aten::lerp.Scalar", "aten::lerp_.Scalar", "aten::lerp.Scalar_out", "aten::lerp.Tensor",
+               "aten::lerp_.Tensor", "aten::lerp.Tensor_out"}), Lerp);
+
+template <bool Div>
+std::vector<Value> AddcOp(LowerCtx& c) {  // self + value * t1 (*|/) t2
+  ET ct = ComputeType(c.out().et);
+  const Dims& d = c.out().dims;
+  Value s = Bcast(c.b, c.t(0), d, ct), t1 = Bcast(c.b, c.t(1), d, ct), t2 = Bcast(c.b, c.t(2), d, ct);
+  Value p = Div ? c.b.Div(t1, t2) : c.b.Mul(t1, t2);
+  if (c.has(3)) p = c.b.Mul(p, Bcast(c.b, c.t(3), d, ct));
+  return {c.b.Add(s, p)};
+}
+TT_LOWERINGS(({"aten::addcmul", "aten::addcmul_", "aten::addcmul.out"}), AddcOp<false>);
+TT_LOWERINGS(({"aten::addcdiv", "aten::addcdiv_", "aten::addcdiv.out"}), AddcOp<true>);
+
+}  // namespace
+}  // namespace tt::ops

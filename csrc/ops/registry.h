@@ -1,0 +1,128 @@
+// The one registry of op lowerings, shared by every eager mode and by
+// torch.compile. Torch-free: a lowering sees HLO values and plain attributes.
+//
+// Adding an op: write `std::vector<Value> fn(LowerCtx& c)` in the family file
+// and register it with TT_LOWERING("aten::name.overload", fn) — or add a row
+// to a table (elementwise, reductions).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "../hlo/builder.h"
+
+namespace tt::ops {
+
+using hlo::Builder;
+using hlo::Dims;
+using hlo::ET;
+using hlo::Type;
+using hlo::Value;
+
+// One schema argument as the lowering sees it.
+struct Arg {
+  enum Kind : uint8_t {
+    None, Tensor, TensorList, OptTensorList, Scalar, Int, Double, Bool, IntList, DoubleList,
+    BoolList, String, Other
+  };
+  Kind kind = None;
+  Value v;                          // Tensor; Scalar (a 0-d program argument)
+  std::vector<Value> vs;            // TensorList
+  std::vector<std::optional<Value>> ovs;  // OptTensorList (index)
+  int64_t i = 0;                    // Int (also dtype / layout / memory_format codes)
+  double d = 0;                     // Double
+  bool b = false;                   // Bool
+  bool scalar_is_float = false, scalar_is_int = false, scalar_is_bool = false,
+       scalar_is_complex = false;  // Scalar: the Python type it came from
+  double scalar_hint = 0;          // Scalar's value; only for shape-like uses
+  std::vector<int64_t> ints;       // IntList
+  std::vector<double> doubles;     // DoubleList
+  std::vector<bool> bools;         // BoolList
+  std::string s;                   // String
+  bool is_none() const { return kind == None; }
+};
+
+class LowerError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct LowerCtx {
+  Builder& b;
+  std::string op;                 // "aten::add.Tensor"
+  std::vector<Arg> args;          // schema order
+  std::vector<std::string> names; // schema argument names
+  std::vector<Type> outs;         // output types (logical shapes, from meta)
+  // Random ops: a u64[2] key value; the executor provides it on request.
+  std::function<Value()> rng_key;
+
+  const Arg& arg(size_t i) const {
+    if (i >= args.size()) throw LowerError(op + ": missing argument " + std::to_string(i));
+    return args[i];
+  }
+  bool has(size_t i) const { return i < args.size() && !args[i].is_none(); }
+  Value t(size_t i) const;                 // tensor argument
+  std::vector<Value> tl(size_t i) const;   // tensor list argument
+  Value scalar(size_t i, ET et) const;     // scalar/tensor argument converted to et
+  int64_t i64(size_t i) const;
+  int64_t i64_or(size_t i, int64_t dflt) const { return has(i) ? i64(i) : dflt; }
+  double f64(size_t i) const;
+  double f64_or(size_t i, double dflt) const { return has(i) ? f64(i) : dflt; }
+  bool flag(size_t i, bool dflt = false) const;
+  std::vector<int64_t> ints(size_t i) const;
+  const Type& out(size_t i = 0) const { return outs.at(i); }
+  [[noreturn]] void fail(const std::string& why) const { throw LowerError(op + ": " + why); }
+};
+
+using LowerFn = std::vector<Value> (*)(LowerCtx&);
+
+struct Lowering {
+  LowerFn fn = nullptr;
+  // True if the lowering reads the rng key (random ops).
+  bool random = false;
+};
+
+std::unordered_map<std::string, Lowering>& Registry();
+const Lowering* Find(const std::string& op);
+std::vector<std::string> RegisteredOps();
+
+struct Registrar {
+  Registrar(const char* name, LowerFn fn, bool random = false) { Registry()[name] = {fn, random}; }
+};
+#define TT_CAT2(a, b) a##b
+#define TT_CAT(a, b) TT_CAT2(a, b)
+#define TT_LOWERING(name, fn) static ::tt::ops::Registrar TT_CAT(tt_reg_, __COUNTER__)(name, fn)
+#define TT_RANDOM_LOWERING(name, fn) \
+  static ::tt::ops::Registrar TT_CAT(tt_reg_, __COUNTER__)(name, fn, true)
+
+// ---- shared helpers for lowerings (ops/common.cpp) ----
+int64_t NormDim(int64_t d, int64_t rank);
+Dims NormDims(const std::vector<int64_t>& ds, int64_t rank);
+// Broadcast v (converted to et) to `dims`, numpy-style.
+Value Bcast(Builder& b, Value v, const Dims& dims, ET et);
+// Result of elementwise math: compute dtype for an output dtype (f16/bf16 upcast to f32).
+ET ComputeType(ET out);
+Value Cast(Builder& b, Value v, ET et);
+Value Matmul(Builder& b, Value a, Value c, ET out_et);  // torch.matmul semantics
+Value SumDims(Builder& b, Value v, const Dims& dims, bool keepdim, ET acc);
+
+}  // namespace tt::ops
+
+namespace tt::ops {
+// Registers one lowering under several op names (functional, in-place, out=).
+struct MultiRegistrar {
+  MultiRegistrar(std::initializer_list<const char*> names, LowerFn fn, bool random = false) {
+    for (auto n : names) Registry()[n] = {fn, random};
+  }
+};
+// Usage: TT_LOWERINGS(({"aten::add.Tensor", "aten::add_.Tensor"}), fn);
+#define TT_LOWERINGS(names, fn) \
+  static ::tt::ops::MultiRegistrar TT_CAT(tt_mreg_, __COUNTER__)(std::initializer_list<const char*> names, fn)
+
+// torch.result_type over the given argument positions (tensors, scalars).
+ET CommonType(const LowerCtx& c, std::initializer_list<size_t> idx);
+ET PromoteET(ET a, ET b);
+}  // namespace tt::ops

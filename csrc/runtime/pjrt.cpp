@@ -1,0 +1,443 @@
+#include "pjrt.h"
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+namespace tt::pjrt {
+
+namespace {
+std::atomic<int64_t> g_live_buffers{0};
+std::atomic<int64_t> g_live_bytes{0};
+
+template <typename T>
+T MakeArgs(size_t size) {
+  T a;
+  std::memset(&a, 0, sizeof(T));
+  a.struct_size = size;
+  return a;
+}
+#define ARGS(T) MakeArgs<T##_Args>(T##_Args_STRUCT_SIZE)
+
+// True if the plugin's PJRT_Api struct is large enough to contain `field`.
+#define HAS_FN(api, field) \
+  (offsetof(PJRT_Api, field) + sizeof(void*) <= (api)->struct_size && (api)->field != nullptr)
+}  // namespace
+
+// ---------------------------------------------------------------- Api
+const Api* Api::Load(const std::string& path) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, Api*> loaded;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = loaded.find(path);
+  if (it != loaded.end()) return it->second;
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h) throw Error(std::string("cannot load PJRT plugin '") + path + "': " + dlerror());
+  using GetFn = const PJRT_Api* (*)();
+  auto get = reinterpret_cast<GetFn>(dlsym(h, "GetPjrtApi"));
+  if (!get) throw Error("'" + path + "' is not a PJRT plugin (no GetPjrtApi symbol)");
+  const PJRT_Api* raw = get();
+  if (!raw) throw Error("GetPjrtApi of '" + path + "' returned null");
+  if (raw->pjrt_api_version.major_version != PJRT_API_MAJOR)
+    throw Error("PJRT plugin '" + path + "' has API major version " +
+                std::to_string(raw->pjrt_api_version.major_version) + ", torchtpu was built against " +
+                std::to_string(PJRT_API_MAJOR));
+  auto* api = new Api(raw, path);  // never freed, like the plugin
+  if (HAS_FN(raw, PJRT_Plugin_Initialize)) {
+    auto a = ARGS(PJRT_Plugin_Initialize);
+    api->Check(raw->PJRT_Plugin_Initialize(&a), "PJRT_Plugin_Initialize");
+  }
+  loaded[path] = api;
+  return api;
+}
+
+void Api::Check(PJRT_Error* err, const char* what) const {
+  if (!err) return;
+  auto m = ARGS(PJRT_Error_Message);
+  m.error = err;
+  api_->PJRT_Error_Message(&m);
+  std::string msg(m.message, m.message_size);
+  auto c = ARGS(PJRT_Error_GetCode);
+  c.error = err;
+  int code = 2;
+  if (!api_->PJRT_Error_GetCode(&c)) code = c.code;
+  auto d = ARGS(PJRT_Error_Destroy);
+  d.error = err;
+  api_->PJRT_Error_Destroy(&d);
+  throw Error(std::string(what) + " failed: " + msg, code);
+}
+
+std::vector<std::pair<std::string, std::string>> Api::Attributes() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!HAS_FN(api_, PJRT_Plugin_Attributes)) return out;
+  auto a = ARGS(PJRT_Plugin_Attributes);
+  Check(api_->PJRT_Plugin_Attributes(&a), "PJRT_Plugin_Attributes");
+  for (size_t i = 0; i < a.num_attributes; ++i) {
+    const PJRT_NamedValue& nv = a.attributes[i];
+    std::string name(nv.name, nv.name_size), val;
+    switch (nv.type) {
+      case PJRT_NamedValue_kString: val.assign(nv.string_value, nv.value_size); break;
+      case PJRT_NamedValue_kInt64: val = std::to_string(nv.int64_value); break;
+      case PJRT_NamedValue_kInt64List:
+        for (size_t k = 0; k < nv.value_size; ++k)
+          val += (k ? "." : "") + std::to_string(nv.int64_array_value[k]);
+        break;
+      case PJRT_NamedValue_kFloat: val = std::to_string(nv.float_value); break;
+      case PJRT_NamedValue_kBool: val = nv.bool_value ? "true" : "false"; break;
+    }
+    out.emplace_back(name, val);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- Event
+Event::~Event() {
+  if (!ev_) return;
+  auto a = ARGS(PJRT_Event_Destroy);
+  a.event = ev_;
+  api_->raw()->PJRT_Event_Destroy(&a);
+}
+
+void Event::Await() {
+  auto a = ARGS(PJRT_Event_Await);
+  a.event = ev_;
+  api_->Check(api_->raw()->PJRT_Event_Await(&a), "PJRT_Event_Await");
+}
+
+bool Event::IsReady() const {
+  auto a = ARGS(PJRT_Event_IsReady);
+  a.event = ev_;
+  api_->Check(api_->raw()->PJRT_Event_IsReady(&a), "PJRT_Event_IsReady");
+  return a.is_ready;
+}
+
+namespace {
+void OnReadyTrampoline(PJRT_Error* error, void* user_arg) {
+  auto* fn = static_cast<std::function<void()>*>(user_arg);
+  (*fn)();
+  delete fn;
+  if (error) {
+    // The error is reported again by Await; destroy this copy.
+    (void)error;
+  }
+}
+}  // namespace
+
+void Event::OnReady(std::function<void()> fn) {
+  auto a = ARGS(PJRT_Event_OnReady);
+  a.event = ev_;
+  a.callback = &OnReadyTrampoline;
+  a.user_arg = new std::function<void()>(std::move(fn));
+  api_->Check(api_->raw()->PJRT_Event_OnReady(&a), "PJRT_Event_OnReady");
+}
+
+// ---------------------------------------------------------------- Buffer
+Buffer::Buffer(const Api* api, PJRT_Buffer* buf, int64_t nbytes)
+    : api_(api), buf_(buf), nbytes_(nbytes) {
+  g_live_buffers++;
+  g_live_bytes += nbytes_;
+}
+
+Buffer::~Buffer() {
+  g_live_buffers--;
+  g_live_bytes -= nbytes_;
+  if (!buf_) return;
+  auto a = ARGS(PJRT_Buffer_Destroy);
+  a.buffer = buf_;
+  PJRT_Error* e = api_->raw()->PJRT_Buffer_Destroy(&a);
+  if (e) {
+    try { api_->Check(e, "PJRT_Buffer_Destroy"); } catch (...) {}
+  }
+}
+
+int64_t Buffer::live_buffers() { return g_live_buffers.load(); }
+int64_t Buffer::live_bytes() { return g_live_bytes.load(); }
+
+std::vector<int64_t> Buffer::Dims() const {
+  auto a = ARGS(PJRT_Buffer_Dimensions);
+  a.buffer = buf_;
+  api_->Check(api_->raw()->PJRT_Buffer_Dimensions(&a), "PJRT_Buffer_Dimensions");
+  return std::vector<int64_t>(a.dims, a.dims + a.num_dims);
+}
+
+PJRT_Buffer_Type Buffer::ElementType() const {
+  auto a = ARGS(PJRT_Buffer_ElementType);
+  a.buffer = buf_;
+  api_->Check(api_->raw()->PJRT_Buffer_ElementType(&a), "PJRT_Buffer_ElementType");
+  return a.type;
+}
+
+bool Buffer::IsDeleted() const {
+  auto a = ARGS(PJRT_Buffer_IsDeleted);
+  a.buffer = buf_;
+  api_->Check(api_->raw()->PJRT_Buffer_IsDeleted(&a), "PJRT_Buffer_IsDeleted");
+  return a.is_deleted;
+}
+
+void Buffer::AwaitReady() const {
+  auto a = ARGS(PJRT_Buffer_ReadyEvent);
+  a.buffer = buf_;
+  api_->Check(api_->raw()->PJRT_Buffer_ReadyEvent(&a), "PJRT_Buffer_ReadyEvent");
+  Event ev(api_, a.event);
+  ev.Await();
+}
+
+void Buffer::ToHost(void* dst, size_t size) const {
+  if (size == 0) return;
+  // Ask for a dense row-major host layout (minor_to_major = n-1..0).
+  std::vector<int64_t> dims = Dims();
+  std::vector<int64_t> m2m(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) m2m[i] = (int64_t)dims.size() - 1 - (int64_t)i;
+  PJRT_Buffer_MemoryLayout layout;
+  std::memset(&layout, 0, sizeof(layout));
+  layout.struct_size = PJRT_Buffer_MemoryLayout_STRUCT_SIZE;
+  layout.type = PJRT_Buffer_MemoryLayout_Type_Tiled;
+  layout.tiled.struct_size = PJRT_Buffer_MemoryLayout_Tiled_STRUCT_SIZE;
+  layout.tiled.minor_to_major = m2m.data();
+  layout.tiled.minor_to_major_size = m2m.size();
+  layout.tiled.num_tiles = 0;
+  auto a = ARGS(PJRT_Buffer_ToHostBuffer);
+  a.src = buf_;
+  a.host_layout = dims.size() > 1 ? &layout : nullptr;
+  a.dst = dst;
+  a.dst_size = size;
+  api_->Check(api_->raw()->PJRT_Buffer_ToHostBuffer(&a), "PJRT_Buffer_ToHostBuffer");
+  Event ev(api_, a.event);
+  ev.Await();
+}
+
+// ---------------------------------------------------------------- Executable
+Executable::Executable(const Api* api, PJRT_LoadedExecutable* exe) : api_(api), exe_(exe) {
+  auto g = ARGS(PJRT_LoadedExecutable_GetExecutable);
+  g.loaded_executable = exe_;
+  api_->Check(api_->raw()->PJRT_LoadedExecutable_GetExecutable(&g),
+              "PJRT_LoadedExecutable_GetExecutable");
+  auto n = ARGS(PJRT_Executable_NumOutputs);
+  n.executable = g.executable;
+  PJRT_Error* e = api_->raw()->PJRT_Executable_NumOutputs(&n);
+  num_outputs_ = n.num_outputs;
+  auto d = ARGS(PJRT_Executable_Destroy);
+  d.executable = g.executable;
+  api_->raw()->PJRT_Executable_Destroy(&d);
+  api_->Check(e, "PJRT_Executable_NumOutputs");
+}
+
+Executable::~Executable() {
+  auto a = ARGS(PJRT_LoadedExecutable_Destroy);
+  a.executable = exe_;
+  PJRT_Error* e = api_->raw()->PJRT_LoadedExecutable_Destroy(&a);
+  if (e) {
+    try { api_->Check(e, "PJRT_LoadedExecutable_Destroy"); } catch (...) {}
+  }
+}
+
+std::vector<BufferPtr> Executable::Execute(PJRT_Device* device,
+                                           const std::vector<PJRT_Buffer*>& args,
+                                           const std::vector<int64_t>& non_donatable,
+                                           bool wait, std::shared_ptr<Event>* done_out) {
+  auto opts = MakeArgs<PJRT_ExecuteOptions>(PJRT_ExecuteOptions_STRUCT_SIZE);
+  opts.non_donatable_input_indices = non_donatable.data();
+  opts.num_non_donatable_input_indices = non_donatable.size();
+  std::vector<PJRT_Buffer*> outs(num_outputs_ ? num_outputs_ : 1, nullptr);
+  PJRT_Buffer* const* arg_list = args.data();
+  PJRT_Buffer** out_list = outs.data();
+  PJRT_Event* done = nullptr;
+  auto a = ARGS(PJRT_LoadedExecutable_Execute);
+  a.executable = exe_;
+  a.options = &opts;
+  a.argument_lists = &arg_list;
+  a.num_devices = 1;
+  a.num_args = args.size();
+  a.output_lists = &out_list;
+  a.device_complete_events = (wait || done_out) ? &done : nullptr;
+  a.execute_device = device;
+  api_->Check(api_->raw()->PJRT_LoadedExecutable_Execute(&a), "PJRT_LoadedExecutable_Execute");
+  std::vector<BufferPtr> result;
+  result.reserve(num_outputs_);
+  for (size_t i = 0; i < num_outputs_; ++i) {
+    auto sz = ARGS(PJRT_Buffer_OnDeviceSizeInBytes);
+    sz.buffer = outs[i];
+    int64_t nbytes = 0;
+    if (!api_->raw()->PJRT_Buffer_OnDeviceSizeInBytes(&sz)) nbytes = sz.on_device_size_in_bytes;
+    result.push_back(std::make_shared<Buffer>(api_, outs[i], nbytes));
+  }
+  if (done) {
+    auto ev = std::make_shared<Event>(api_, done);
+    if (wait) ev->Await();
+    if (done_out) *done_out = ev;
+  }
+  return result;
+}
+
+std::string Executable::Serialize() const {
+  auto g = ARGS(PJRT_LoadedExecutable_GetExecutable);
+  g.loaded_executable = exe_;
+  api_->Check(api_->raw()->PJRT_LoadedExecutable_GetExecutable(&g),
+              "PJRT_LoadedExecutable_GetExecutable");
+  auto s = ARGS(PJRT_Executable_Serialize);
+  s.executable = g.executable;
+  PJRT_Error* e = api_->raw()->PJRT_Executable_Serialize(&s);
+  std::string out;
+  if (!e) {
+    out.assign(s.serialized_bytes, s.serialized_bytes_size);
+    if (s.serialized_executable_deleter) s.serialized_executable_deleter(s.serialized_executable);
+  }
+  auto d = ARGS(PJRT_Executable_Destroy);
+  d.executable = g.executable;
+  api_->raw()->PJRT_Executable_Destroy(&d);
+  api_->Check(e, "PJRT_Executable_Serialize");
+  return out;
+}
+
+// ---------------------------------------------------------------- Client
+Client::Client(const Api* api, const std::vector<CreateOption>& options) : api_(api) {
+  std::vector<PJRT_NamedValue> nvs;
+  for (const auto& o : options) {
+    PJRT_NamedValue nv;
+    std::memset(&nv, 0, sizeof(nv));
+    nv.struct_size = PJRT_NamedValue_STRUCT_SIZE;
+    nv.name = o.name.c_str();
+    nv.name_size = o.name.size();
+    switch (o.kind) {
+      case CreateOption::kInt: nv.type = PJRT_NamedValue_kInt64; nv.int64_value = o.i; nv.value_size = 1; break;
+      case CreateOption::kString:
+        nv.type = PJRT_NamedValue_kString; nv.string_value = o.s.c_str(); nv.value_size = o.s.size(); break;
+      case CreateOption::kBool: nv.type = PJRT_NamedValue_kBool; nv.bool_value = o.b; nv.value_size = 1; break;
+      case CreateOption::kFloat: nv.type = PJRT_NamedValue_kFloat; nv.float_value = o.f; nv.value_size = 1; break;
+    }
+    nvs.push_back(nv);
+  }
+  auto a = ARGS(PJRT_Client_Create);
+  a.create_options = nvs.data();
+  a.num_options = nvs.size();
+  api_->Check(api_->raw()->PJRT_Client_Create(&a), "PJRT_Client_Create");
+  client_ = a.client;
+  auto d = ARGS(PJRT_Client_AddressableDevices);
+  d.client = client_;
+  api_->Check(api_->raw()->PJRT_Client_AddressableDevices(&d), "PJRT_Client_AddressableDevices");
+  devices_.assign(d.addressable_devices, d.addressable_devices + d.num_addressable_devices);
+}
+
+Client::~Client() {
+  auto a = ARGS(PJRT_Client_Destroy);
+  a.client = client_;
+  PJRT_Error* e = api_->raw()->PJRT_Client_Destroy(&a);
+  if (e) {
+    try { api_->Check(e, "PJRT_Client_Destroy"); } catch (...) {}
+  }
+}
+
+std::string Client::platform_name() const {
+  auto a = ARGS(PJRT_Client_PlatformName);
+  a.client = client_;
+  api_->Check(api_->raw()->PJRT_Client_PlatformName(&a), "PJRT_Client_PlatformName");
+  return std::string(a.platform_name, a.platform_name_size);
+}
+
+std::string Client::platform_version() const {
+  auto a = ARGS(PJRT_Client_PlatformVersion);
+  a.client = client_;
+  api_->Check(api_->raw()->PJRT_Client_PlatformVersion(&a), "PJRT_Client_PlatformVersion");
+  return std::string(a.platform_version, a.platform_version_size);
+}
+
+static PJRT_DeviceDescription* Describe(const Api* api, PJRT_Device* dev) {
+  auto a = ARGS(PJRT_Device_GetDescription);
+  a.device = dev;
+  api->Check(api->raw()->PJRT_Device_GetDescription(&a), "PJRT_Device_GetDescription");
+  return a.device_description;
+}
+
+std::string Client::device_kind(size_t i) const {
+  auto a = ARGS(PJRT_DeviceDescription_Kind);
+  a.device_description = Describe(api_, devices_.at(i));
+  api_->Check(api_->raw()->PJRT_DeviceDescription_Kind(&a), "PJRT_DeviceDescription_Kind");
+  return std::string(a.device_kind, a.device_kind_size);
+}
+
+std::string Client::device_description(size_t i) const {
+  auto a = ARGS(PJRT_DeviceDescription_DebugString);
+  a.device_description = Describe(api_, devices_.at(i));
+  api_->Check(api_->raw()->PJRT_DeviceDescription_DebugString(&a),
+              "PJRT_DeviceDescription_DebugString");
+  return std::string(a.debug_string, a.debug_string_size);
+}
+
+BufferPtr Client::FromHost(const void* data, PJRT_Buffer_Type type,
+                           const std::vector<int64_t>& dims, PJRT_Device* device,
+                           int64_t nbytes) {
+  auto a = ARGS(PJRT_Client_BufferFromHostBuffer);
+  a.client = client_;
+  a.data = data;
+  a.type = type;
+  a.dims = dims.data();
+  a.num_dims = dims.size();
+  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  a.device = device;
+  api_->Check(api_->raw()->PJRT_Client_BufferFromHostBuffer(&a),
+              "PJRT_Client_BufferFromHostBuffer");
+  if (a.done_with_host_buffer) {
+    Event ev(api_, a.done_with_host_buffer);
+    ev.Await();
+  }
+  return std::make_shared<Buffer>(api_, a.buffer, nbytes);
+}
+
+ExecutablePtr Client::Compile(const std::string& text, const std::string& options) {
+  auto p = MakeArgs<PJRT_Program>(PJRT_Program_STRUCT_SIZE);
+  p.code = const_cast<char*>(text.data());
+  p.code_size = text.size();
+  static const char kFormat[] = "mlir";
+  p.format = kFormat;
+  p.format_size = 4;
+  auto a = ARGS(PJRT_Client_Compile);
+  a.client = client_;
+  a.program = &p;
+  a.compile_options = options.data();
+  a.compile_options_size = options.size();
+  api_->Check(api_->raw()->PJRT_Client_Compile(&a), "PJRT_Client_Compile");
+  return std::make_shared<Executable>(api_, a.executable);
+}
+
+ExecutablePtr Client::Deserialize(const std::string& bytes) {
+  auto a = ARGS(PJRT_Executable_DeserializeAndLoad);
+  a.client = client_;
+  a.serialized_executable = bytes.data();
+  a.serialized_executable_size = bytes.size();
+  api_->Check(api_->raw()->PJRT_Executable_DeserializeAndLoad(&a),
+              "PJRT_Executable_DeserializeAndLoad");
+  return std::make_shared<Executable>(api_, a.loaded_executable);
+}
+
+std::string DefaultCompileOptions() {
+  // CompileOptionsProto { executable_build_options (3) { num_replicas (4) = 1,
+  //                                                      num_partitions (5) = 1 } }
+  static const char kBytes[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01};
+  return std::string(kBytes, sizeof(kBytes));
+}
+
+size_t ElementSize(PJRT_Buffer_Type t) {
+  switch (t) {
+    case PJRT_Buffer_Type_PRED: case PJRT_Buffer_Type_S8: case PJRT_Buffer_Type_U8:
+    case PJRT_Buffer_Type_F8E5M2: case PJRT_Buffer_Type_F8E4M3FN: case PJRT_Buffer_Type_F8E8M0FNU:
+    case PJRT_Buffer_Type_F8E4M3FNUZ: case PJRT_Buffer_Type_F8E5M2FNUZ:
+      return 1;
+    case PJRT_Buffer_Type_S16: case PJRT_Buffer_Type_U16: case PJRT_Buffer_Type_F16:
+    case PJRT_Buffer_Type_BF16:
+      return 2;
+    case PJRT_Buffer_Type_S32: case PJRT_Buffer_Type_U32: case PJRT_Buffer_Type_F32:
+      return 4;
+    case PJRT_Buffer_Type_S64: case PJRT_Buffer_Type_U64: case PJRT_Buffer_Type_F64:
+    case PJRT_Buffer_Type_C64:
+      return 8;
+    case PJRT_Buffer_Type_C128:
+      return 16;
+    default:
+      return 0;
+  }
+}
+
+}  // namespace tt::pjrt

@@ -1,0 +1,149 @@
+// PJRT runtime: RAII wrappers over the PJRT C API. Torch-free; every failed
+// call throws tt::pjrt::Error carrying the plugin's message.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "pjrt_c_api.h"
+
+namespace tt::pjrt {
+
+class Error : public std::runtime_error {
+ public:
+  Error(std::string msg, int code = 2) : std::runtime_error(std::move(msg)), code_(code) {}
+  int code() const { return code_; }  // PJRT_Error_Code
+ private:
+  int code_;
+};
+
+class Api;
+
+// An event returned by the plugin; Await() blocks, destructor destroys it.
+class Event {
+ public:
+  Event(const Api* api, PJRT_Event* ev) : api_(api), ev_(ev) {}
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  ~Event();
+  void Await();  // throws the event's error, if any
+  bool IsReady() const;
+  // Calls fn once the event completes (possibly at once, on another thread).
+  void OnReady(std::function<void()> fn);
+ private:
+  const Api* api_;
+  PJRT_Event* ev_;
+};
+
+class Client;
+
+// A device buffer. Shared ownership through std::shared_ptr<Buffer>.
+class Buffer {
+ public:
+  Buffer(const Api* api, PJRT_Buffer* buf, int64_t nbytes);
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+  PJRT_Buffer* get() const { return buf_; }
+  std::vector<int64_t> Dims() const;
+  PJRT_Buffer_Type ElementType() const;
+  int64_t nbytes() const { return nbytes_; }
+  bool IsDeleted() const;
+  // Synchronous copy of the whole buffer (row-major) into dst (size bytes).
+  void ToHost(void* dst, size_t size) const;
+  void AwaitReady() const;
+  // Marks the buffer consumed (donated); destructor will then only destroy.
+  void MarkDonated() { donated_ = true; }
+  static int64_t live_buffers();
+  static int64_t live_bytes();
+ private:
+  const Api* api_;
+  PJRT_Buffer* buf_;
+  int64_t nbytes_;
+  bool donated_ = false;
+};
+using BufferPtr = std::shared_ptr<Buffer>;
+
+class Executable {
+ public:
+  Executable(const Api* api, PJRT_LoadedExecutable* exe);
+  Executable(const Executable&) = delete;
+  Executable& operator=(const Executable&) = delete;
+  ~Executable();
+  size_t num_outputs() const { return num_outputs_; }
+  // Runs on `device`; donated inputs are consumed by the plugin. Returns the
+  // outputs; completion is asynchronous (buffers carry their ready events).
+  std::vector<BufferPtr> Execute(PJRT_Device* device,
+                                 const std::vector<PJRT_Buffer*>& args,
+                                 const std::vector<int64_t>& non_donatable,
+                                 bool wait = false,
+                                 std::shared_ptr<Event>* done_out = nullptr);
+  std::string Serialize() const;
+  PJRT_LoadedExecutable* get() const { return exe_; }
+ private:
+  const Api* api_;
+  PJRT_LoadedExecutable* exe_;
+  size_t num_outputs_ = 0;
+};
+using ExecutablePtr = std::shared_ptr<Executable>;
+
+// The loaded plugin (never unloaded).
+class Api {
+ public:
+  static const Api* Load(const std::string& path);  // throws Error
+  const PJRT_Api* raw() const { return api_; }
+  std::string path() const { return path_; }
+  int major() const { return api_->pjrt_api_version.major_version; }
+  int minor() const { return api_->pjrt_api_version.minor_version; }
+  std::vector<std::pair<std::string, std::string>> Attributes() const;
+  // Converts a PJRT_Error into an exception (destroying it); no-op on null.
+  void Check(PJRT_Error* err, const char* what) const;
+ private:
+  explicit Api(const PJRT_Api* api, std::string path) : api_(api), path_(std::move(path)) {}
+  const PJRT_Api* api_;
+  std::string path_;
+};
+
+struct CreateOption {
+  std::string name;
+  enum Kind { kInt, kString, kBool, kFloat } kind;
+  int64_t i = 0;
+  std::string s;
+  bool b = false;
+  float f = 0;
+};
+
+class Client {
+ public:
+  Client(const Api* api, const std::vector<CreateOption>& options);
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+  ~Client();
+  const Api* api() const { return api_; }
+  PJRT_Client* get() const { return client_; }
+  const std::vector<PJRT_Device*>& devices() const { return devices_; }
+  std::string platform_name() const;
+  std::string platform_version() const;
+  std::string device_kind(size_t i) const;
+  std::string device_description(size_t i) const;
+  BufferPtr FromHost(const void* data, PJRT_Buffer_Type type,
+                     const std::vector<int64_t>& dims, PJRT_Device* device,
+                     int64_t nbytes);
+  ExecutablePtr Compile(const std::string& mlir_text, const std::string& options);
+  ExecutablePtr Deserialize(const std::string& bytes);
+ private:
+  const Api* api_;
+  PJRT_Client* client_ = nullptr;
+  std::vector<PJRT_Device*> devices_;
+};
+
+// Serialized xla.CompileOptionsProto with num_replicas = num_partitions = 1,
+// hand-encoded (protobuf wire format).
+std::string DefaultCompileOptions();
+
+size_t ElementSize(PJRT_Buffer_Type t);
+
+}  // namespace tt::pjrt

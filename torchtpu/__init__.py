@@ -1,0 +1,173 @@
+"""torchtpu: a native PyTorch backend for XLA devices over PJRT.
+
+Importing torchtpu (or just torch, through the torch.backends entry point)
+registers the "tpu" device: tensors on it are plain torch.Tensors.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+# Keep XLA's C++ logging quiet unless the user asked for it.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import torch
+
+__version__ = "0.1.0"
+
+from . import _env, _plugin  # noqa: E402
+
+_lock = threading.RLock()
+_registered = False
+_plugin_kind = None
+_plugin_path = None
+_plugin_error = None
+
+
+def _configure() -> None:
+    global _plugin_kind, _plugin_path, _plugin_error
+    from . import _C
+
+    try:
+        _plugin_kind, _plugin_path = _plugin.resolve()
+    except ImportError as e:  # reported on first use of the device
+        _plugin_error = e
+        _plugin_kind, _plugin_path = None, ""
+    idx = _env.VISIBLE_DEVICES.get().strip()
+    index = int(idx.split(",")[0]) if idx else _requested_index
+    count = int(_env.CPU_DEVICES.get() or "1")
+    if _plugin_kind == "cpu":
+        count = max(count, index + 1)
+    _C._configure(_plugin_path or "", _plugin_kind or "", count, index,
+                  _env.parse_bytes(_env.MEMORY_LIMIT.get()), _env.CACHE_DIR.get(), __version__)
+
+
+_requested_index = 0
+
+
+def _register() -> None:
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        from . import _C, device_module
+
+        _configure()
+        torch.utils.rename_privateuse1_backend("tpu")
+        torch._register_device_module("tpu", device_module)
+        torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
+                                                             for_packed_sequence=True, for_storage=True)
+        _C._register_kernels()
+        _registered = True
+        mode = _env.MODE.get()
+        if mode and mode != "strict":
+            set_mode(mode)
+
+
+def _autoload() -> None:
+    """Entry point for torch.backends autoloading."""
+    _register()
+
+
+_MODES = {"strict": 0, "debug": 1, "defer_and_fuse": 2}
+_MODE_NAMES = {v: k for k, v in _MODES.items()}
+
+
+def set_mode(mode: str) -> None:
+    """Sets the eager mode: "strict" (default), "debug" or "defer_and_fuse"."""
+    from . import _C
+
+    if mode not in _MODES:
+        raise ValueError(f"torchtpu.set_mode: unknown mode {mode!r}; choose one of {list(_MODES)}")
+    _C._set_mode(_MODES[mode])
+
+
+def get_mode() -> str:
+    from . import _C
+
+    return _MODE_NAMES[_C._get_mode()]
+
+
+class mode:
+    """Thread-local eager mode: ``with torchtpu.mode("debug"): ...``."""
+
+    def __init__(self, name: str):
+        if name not in _MODES:
+            raise ValueError(f"torchtpu.mode: unknown mode {name!r}; choose one of {list(_MODES)}")
+        self.name = name
+
+    def __enter__(self):
+        from . import _C
+
+        self._prev = _C._get_mode()
+        _C._set_thread_mode(_MODES[self.name])
+        return self
+
+    def __exit__(self, *exc):
+        from . import _C
+
+        _C._set_thread_mode(self._prev)
+        return False
+
+
+def _ensure_started() -> None:
+    from . import _C
+
+    if _C._started():
+        return
+    if _plugin_error is not None:
+        raise _plugin_error
+    try:
+        _C._start()
+    except RuntimeError as e:
+        msg = str(e)
+        if _plugin_kind == "tpu":
+            msg += " (TORCHTPU_PLUGIN=tpu needs a Cloud TPU host; on other machines use cpu or cuda)"
+        raise RuntimeError(msg) from None
+
+
+def metrics() -> dict:
+    """Counters: native ops, CPU fallbacks, compiles, cache hits, transfers, buffers."""
+    from . import _C
+
+    m = _C._metrics()
+    m["native_ops"] = dict(m["native_ops"])
+    m["cpu_fallbacks"] = dict(m["cpu_fallbacks"])
+    m["native_executions"] = sum(m["native_ops"].values())
+    m["mode"] = get_mode()
+    return m
+
+
+def reset_metrics() -> None:
+    from . import _C
+
+    _C._reset_metrics()
+
+
+def metrics_report() -> str:
+    """Prints (and returns) the metrics in a readable form."""
+    m = metrics()
+    lines = ["torchtpu metrics", "-" * 40]
+    for k in ("mode", "compiles", "compile_seconds", "cache_hits", "cache_misses", "disk_cache_hits",
+              "executions", "executable_cache_entries", "bytes_host_to_device", "bytes_device_to_host",
+              "live_buffers", "live_buffer_bytes", "native_executions"):
+        v = m[k]
+        lines.append(f"{k:28s} {v:.3f}" if isinstance(v, float) else f"{k:28s} {v}")
+    lines.append("native ops:")
+    for k, v in sorted(m["native_ops"].items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {k:40s} {v}")
+    lines.append("cpu fallbacks:" + (" none" if not m["cpu_fallbacks"] else ""))
+    for k, v in sorted(m["cpu_fallbacks"].items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {k:40s} {v}")
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def lowered_ops() -> list[str]:
+    from . import _C
+
+    return list(_C._lowered_ops())
+
+
+_register()

@@ -1,0 +1,47 @@
+"""The environment variables torchtpu reads, in one place."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+_VARS = {}
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    default: str
+    help: str
+
+    def get(self) -> str:
+        return os.environ.get(self.name, self.default)
+
+
+def _var(name: str, default: str, help: str) -> EnvVar:
+    v = EnvVar(name, default, help)
+    _VARS[name] = v
+    return v
+
+
+PLUGIN = _var("TORCHTPU_PLUGIN", "cpu", "PJRT plugin: cpu | tpu | cuda | path to a plugin .so")
+VISIBLE_DEVICES = _var("TORCHTPU_VISIBLE_DEVICES", "", "index of the device this process drives")
+CPU_DEVICES = _var("TORCHTPU_CPU_DEVICE_COUNT", "1", "devices the CPU plugin creates")
+MEMORY_LIMIT = _var("TORCHTPU_MEMORY_LIMIT", "", "device memory limit, bytes or 512M / 2G")
+MODE = _var("TORCHTPU_MODE", "strict", "default eager mode: strict | debug | defer_and_fuse")
+CACHE_DIR = _var("TORCHTPU_CACHE_DIR", "", "persistent compilation cache directory; '' disables")
+
+
+def parse_bytes(s: str) -> int:
+    s = s.strip()
+    if not s:
+        return 0
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?[bB])?", s)
+    if not m:
+        raise ValueError(f"torchtpu: cannot parse a byte size from {s!r} (examples: 1073741824, 512M, 2G)")
+    mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
+    return int(float(m.group(1)) * mult)
+
+
+def describe() -> str:
+    return "\n".join(f"{v.name} (default {v.default!r}): {v.help}" for v in _VARS.values())

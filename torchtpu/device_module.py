@@ -1,0 +1,326 @@
+"""The ``torch.tpu`` device module (mirrors the torch.cuda API)."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+_initial_seed = None
+
+
+def _C():
+    from . import _C as c
+
+    return c
+
+
+def _start():
+    import torchtpu
+
+    torchtpu._ensure_started()
+
+
+def is_available() -> bool:
+    import torchtpu
+
+    return torchtpu._plugin_error is None and bool(torchtpu._plugin_path)
+
+
+def is_initialized() -> bool:
+    return _C()._started()
+
+
+def init() -> None:
+    _start()
+
+
+def device_count() -> int:
+    """One process drives one device."""
+    return 1 if is_available() else 0
+
+
+def current_device() -> int:
+    return 0
+
+
+def _check_index(device) -> int:
+    if isinstance(device, torch.device):
+        if device.type != "tpu":
+            raise ValueError(f"torch.tpu: expected a tpu device, got {device}")
+        idx = 0 if device.index is None else device.index
+    elif isinstance(device, str):
+        return _check_index(torch.device(device))
+    elif device is None:
+        idx = 0
+    else:
+        idx = int(device)
+    return idx
+
+
+def set_device(device) -> None:
+    """Selects which physical device this process drives (before first use).
+
+    Each process drives exactly one device; after the runtime has started the
+    only valid index is the one in use (exposed as index 0).
+    """
+    import torchtpu
+
+    idx = _check_index(device)
+    if _C()._started():
+        if idx != 0:
+            raise ValueError(f"torch.tpu.set_device({idx}): this process already drives one tpu "
+                             f"device (index 0); valid range is [0, 0]. Choose the physical device "
+                             f"with TORCHTPU_VISIBLE_DEVICES or set_device before first use.")
+        return
+    if idx < 0:
+        raise ValueError(f"torch.tpu.set_device: invalid device index {idx}")
+    torchtpu._requested_index = idx
+    torchtpu._configure()
+
+
+class device:
+    """Context manager selecting the device (validation only: one device per process)."""
+
+    def __init__(self, device):
+        self.idx = _check_index(device) if device is not None else 0
+        if self.idx not in (0, -1):
+            raise ValueError(f"torch.tpu.device({self.idx}): valid range is [0, 0] (one device per process)")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class device_of(device):
+    def __init__(self, obj):
+        super().__init__(obj.device if obj.device.type == "tpu" else None)
+
+
+def synchronize(device=None) -> None:
+    _start()
+    _C()._synchronize()
+
+
+def get_device_name(device=None) -> str:
+    _start()
+    info = _C()._device_info()
+    return f"{info['platform_name']}:{info['device_kind']}"
+
+
+class _DeviceProperties:
+    def __init__(self, info: dict, total: int):
+        self.name = f"{info['platform_name']}:{info['device_kind']}"
+        self.platform_name = info["platform_name"]
+        self.platform_version = info["platform_version"]
+        self.device_kind = info["device_kind"]
+        self.total_memory = total
+        self.pjrt_api_version = info["api_version"]
+        self.plugin_attributes = dict(info["plugin_attributes"])
+        self.multi_processor_count = 1
+        self.type = "tpu"
+
+    def __repr__(self):
+        return (f"_TpuDeviceProperties(name='{self.name}', platform_version='{self.platform_version}', "
+                f"total_memory={self.total_memory // (1 << 20)}MB)")
+
+
+def get_device_properties(device=None) -> _DeviceProperties:
+    _start()
+    return _DeviceProperties(_C()._device_info(), mem_get_info()[1])
+
+
+def get_device_capability(device=None):
+    return (0, 0)
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+def get_amp_supported_dtype():
+    return [torch.bfloat16, torch.float16, torch.float32]
+
+
+# ---------------------------------------------------------------- RNG
+def _gen():
+    return _C()._default_generator()
+
+
+def manual_seed(seed: int) -> None:
+    global _initial_seed
+    seed = int(seed)
+    _initial_seed = seed
+    _gen().manual_seed(seed)
+
+
+def manual_seed_all(seed: int) -> None:
+    manual_seed(seed)
+
+
+def seed() -> None:
+    global _initial_seed
+    _initial_seed = _gen().seed()
+
+
+def seed_all() -> None:
+    seed()
+
+
+def initial_seed() -> int:
+    return _gen().initial_seed()
+
+
+def get_rng_state(device="tpu") -> torch.Tensor:
+    return _gen().get_state()
+
+
+def get_rng_state_all():
+    return [get_rng_state()]
+
+
+def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
+    _gen().set_state(new_state)
+
+
+def set_rng_state_all(new_states) -> None:
+    set_rng_state(new_states[0])
+
+
+def default_generator(idx: int = 0):
+    return _gen()
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+# ---------------------------------------------------------------- memory
+def memory_stats(device=None) -> dict[str, Any]:
+    s = _C()._memory_stats()
+    out = {
+        "allocated_bytes.all.current": s["allocated_bytes"],
+        "allocated_bytes.all.peak": s["peak_allocated_bytes"],
+        "reserved_bytes.all.current": s["allocated_bytes"],
+        "reserved_bytes.all.peak": s["peak_allocated_bytes"],
+        "active_bytes.all.current": s["allocated_bytes"],
+        "num_alloc_retries": 0,
+        "num_ooms": 0,
+        "allocation.all.current": s["live_storages"],
+        "allocation.all.allocated": s["num_allocs"],
+        "allocation.all.freed": s["num_frees"],
+        "limit_bytes": s["limit_bytes"],
+    }
+    return out
+
+
+def memory_allocated(device=None) -> int:
+    return _C()._memory_stats()["allocated_bytes"]
+
+
+def max_memory_allocated(device=None) -> int:
+    return _C()._memory_stats()["peak_allocated_bytes"]
+
+
+def memory_reserved(device=None) -> int:
+    return memory_allocated(device)
+
+
+def max_memory_reserved(device=None) -> int:
+    return max_memory_allocated(device)
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _C()._reset_peak()
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    pass
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    return tuple(_C()._mem_get_info())
+
+
+def empty_cache() -> None:
+    """Device buffers are freed when their last tensor dies; nothing is cached."""
+    import gc
+
+    gc.collect()
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    s = memory_stats()
+    return "\n".join(f"{k}: {v}" for k, v in s.items())
+
+
+# ---------------------------------------------------------------- streams / events
+class Stream(torch.Stream):
+    """A tpu stream (ordering and timing through PJRT completion events)."""
+
+    def __new__(cls, device=None, priority=0, **kwargs):
+        if "stream_id" in kwargs:
+            return super().__new__(cls, **kwargs)
+        return super().__new__(cls, device="tpu", priority=priority)
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+
+class Event(torch.Event):
+    def __new__(cls, enable_timing=False, blocking=False, interprocess=False):
+        return super().__new__(cls, device="tpu", enable_timing=enable_timing, blocking=blocking,
+                               interprocess=interprocess)
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+
+def current_stream(device=None) -> torch.Stream:
+    return torch.accelerator.current_stream(torch.device("tpu", 0))
+
+
+def default_stream(device=None) -> torch.Stream:
+    s = torch._C._get_accelerator()  # noqa: F841
+    return torch.Stream(device="tpu", priority=0) if False else current_stream()
+
+
+def set_stream(stream) -> None:
+    torch.accelerator.set_stream(stream)
+
+
+@contextlib.contextmanager
+def stream(s):
+    if s is None:
+        yield
+        return
+    prev = current_stream()
+    set_stream(s)
+    try:
+        yield
+    finally:
+        set_stream(prev)
+
+
+# ---------------------------------------------------------------- amp
+class amp:  # torch.tpu.amp namespace compatibility
+    @staticmethod
+    def autocast(enabled=True, dtype=torch.bfloat16, cache_enabled=True):
+        return torch.autocast("tpu", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+
+__all__ = [
+    "is_available", "is_initialized", "init", "device_count", "current_device", "set_device", "device",
+    "device_of", "synchronize", "get_device_name", "get_device_properties", "get_device_capability",
+    "is_bf16_supported", "get_amp_supported_dtype", "manual_seed", "manual_seed_all", "seed", "seed_all",
+    "initial_seed", "get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all",
+    "memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+    "reset_peak_memory_stats", "mem_get_info", "empty_cache", "memory_summary", "Stream", "Event",
+    "current_stream", "default_stream", "set_stream", "stream",
+]
