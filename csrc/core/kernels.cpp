@@ -289,6 +289,19 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     }
   }
 
+  // Ops that mutate arguments without returning them (e.g. _foreach_add_):
+  // the written arguments are the outputs, in schema order.
+  if (schema.returns().empty()) {
+    for (size_t i = 0; i < nargs; ++i) {
+      const auto* ai = schema.arguments()[i].alias_info();
+      if (!ai || !ai->isWrite()) continue;
+      const c10::IValue& v = args[i];
+      if (v.isTensor() && v.toTensor().defined()) outs.push_back(v.toTensor());
+      else if (v.isTensorList())
+        for (const at::Tensor& t : v.toTensorVector()) outs.push_back(t);
+    }
+  }
+
   // 2. Lower into the current region.
   std::lock_guard<std::recursive_mutex> g(Region::Lock());
   Region& r = Region::Current();
