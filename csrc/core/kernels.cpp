@@ -16,6 +16,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <iostream>
 #include <mutex>
 #include <set>
@@ -241,6 +242,144 @@ std::set<std::string>& WarnedFallbacks() {
 
 }  // namespace
 
+namespace {
+struct OutSpec {
+  int input = -1;  // index into the flattened tpu tensor inputs, or -1 for a new tensor
+  std::vector<int64_t> sizes, strides;
+  c10::ScalarType dtype = c10::kFloat;
+};
+struct MetaRet {
+  int kind = 0;  // 0 tensor, 1 tensor list, 2 other
+  std::vector<OutSpec> tensors;
+  c10::IValue other;
+};
+struct MetaResult {
+  std::vector<MetaRet> rets;
+};
+
+void AppendRaw(std::string& k, const void* p, size_t n) { k.append(static_cast<const char*>(p), n); }
+
+void KeyTensor(std::string& k, const at::Tensor& t, std::vector<at::Tensor>& flat) {
+  if (!t.defined()) {
+    k += 'u';
+    return;
+  }
+  if (!IsTpu(t)) {
+    // CPU 0-d tensor used as a scalar: its value is data, not metadata
+    k += 'c';
+    k += (char)t.scalar_type();
+    AppendRaw(k, t.sizes().data(), t.dim() * sizeof(int64_t));
+    return;
+  }
+  // identical tensors passed twice must map to one flattened index
+  for (size_t i = 0; i < flat.size(); ++i)
+    if (flat[i].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+      k += 'r';
+      AppendRaw(k, &i, sizeof(i));
+      return;
+    }
+  flat.push_back(t);
+  k += 't';
+  k += (char)t.scalar_type();
+  k += (char)t.dim();
+  AppendRaw(k, t.sizes().data(), t.dim() * sizeof(int64_t));
+  AppendRaw(k, t.strides().data(), t.dim() * sizeof(int64_t));
+  bool grad = t.requires_grad();
+  k += grad ? 'g' : 'n';
+}
+
+void MetaKey(const std::string& name, const std::vector<c10::IValue>& args, std::string& k,
+             std::vector<at::Tensor>& flat) {
+  k.reserve(256);
+  k = name;
+  k += '|';
+  for (const c10::IValue& v : args) {
+    if (v.isTensor()) {
+      KeyTensor(k, v.toTensor(), flat);
+    } else if (v.isTensorList()) {
+      k += 'L';
+      for (const at::Tensor& t : v.toTensorVector()) KeyTensor(k, t, flat);
+      k += ']';
+    } else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
+      k += 'O';
+      auto l = v.toList();
+      for (size_t i = 0; i < l.size(); ++i) {
+        c10::IValue e = l.get(i);
+        if (e.isNone()) k += 'u';
+        else KeyTensor(k, e.toTensor(), flat);
+      }
+      k += ']';
+    } else if (v.isNone()) {
+      k += 'N';
+    } else if (v.isInt()) {
+      int64_t x = v.toInt();
+      k += 'i';
+      AppendRaw(k, &x, 8);
+    } else if (v.isDouble()) {
+      double x = v.toDouble();
+      k += 'd';
+      AppendRaw(k, &x, 8);
+    } else if (v.isBool()) {
+      k += v.toBool() ? 'T' : 'F';
+    } else if (v.isComplexDouble()) {
+      auto x = v.toComplexDouble();
+      k += 'z';
+      AppendRaw(k, &x, 16);
+    } else if (v.isIntList()) {
+      k += 'I';
+      for (int64_t x : v.toIntVector()) AppendRaw(k, &x, 8);
+      k += ']';
+    } else if (v.isDoubleList()) {
+      k += 'D';
+      for (double x : v.toDoubleVector()) AppendRaw(k, &x, 8);
+      k += ']';
+    } else if (v.isBoolList()) {
+      k += 'B';
+      for (bool x : v.toBoolList()) k += x ? '1' : '0';
+      k += ']';
+    } else if (v.isString()) {
+      k += 's';
+      k += v.toStringRef();
+      k += '"';
+    } else if (v.isGenerator()) {
+      k += 'G';
+    } else if (v.isDevice()) {
+      k += 'v';
+    } else if (v.isList()) {
+      // scalar lists (e.g. _foreach_add_.ScalarList): values and types
+      k += 'S';
+      auto l = v.toList();
+      for (size_t i = 0; i < l.size(); ++i) {
+        c10::IValue e = l.get(i);
+        if (e.isDouble()) { double x = e.toDouble(); k += 'd'; AppendRaw(k, &x, 8); }
+        else if (e.isInt()) { int64_t x = e.toInt(); k += 'i'; AppendRaw(k, &x, 8); }
+        else if (e.isBool()) k += e.toBool() ? 'T' : 'F';
+        else k += '?';
+      }
+      k += ']';
+    } else {
+      k += '?';
+      k += v.tagKind();
+    }
+  }
+}
+
+std::mutex g_meta_mu;
+std::unordered_map<std::string, std::shared_ptr<MetaResult>> g_meta_cache;
+
+std::shared_ptr<MetaResult> LookupMeta(const std::string& key) {
+  std::lock_guard<std::mutex> g(g_meta_mu);
+  auto it = g_meta_cache.find(key);
+  return it == g_meta_cache.end() ? nullptr : it->second;
+}
+
+void StoreMeta(const std::string& key, std::shared_ptr<MetaResult> r) {
+  std::lock_guard<std::mutex> g(g_meta_mu);
+  if (g_meta_cache.size() > 65536) g_meta_cache.clear();
+  g_meta_cache[key] = std::move(r);
+}
+}  // namespace
+
 void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   std::string name = schema.name();
@@ -251,41 +390,75 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   std::vector<c10::IValue> args(stack->end() - nargs, stack->end());
 
   // 1. Output metadata from PyTorch's meta kernels (also validates input).
-  MetaConv mc;
-  torch::jit::Stack mstack;
-  for (auto& a : args) mstack.push_back(mc.Convert(a));
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &mstack);
+  //    Meta kernels can be slow (some are Python); their result depends only
+  //    on the arguments' metadata and values, so it is cached per op.
+  std::string key;
+  std::vector<at::Tensor> flat_inputs;
+  MetaKey(name, args, key, flat_inputs);
+  std::shared_ptr<MetaResult> mr = LookupMeta(key);
+  if (!mr) {
+    MetaConv mc;
+    torch::jit::Stack mstack;
+    for (auto& a : args) mstack.push_back(mc.Convert(a));
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &mstack);
+    mr = std::make_shared<MetaResult>();
+    std::unordered_map<const c10::TensorImpl*, int> ref;
+    for (size_t k = 0; k < flat_inputs.size(); ++k) {
+      auto it = std::find_if(mc.meta_to_real.begin(), mc.meta_to_real.end(), [&](const auto& kv) {
+        return kv.second.unsafeGetTensorImpl() == flat_inputs[k].unsafeGetTensorImpl();
+      });
+      if (it != mc.meta_to_real.end()) ref[it->first] = (int)k;
+    }
+    auto spec = [&](const at::Tensor& mt) {
+      OutSpec o;
+      auto it = ref.find(mt.unsafeGetTensorImpl());
+      o.input = it == ref.end() ? -1 : it->second;
+      o.sizes.assign(mt.sizes().begin(), mt.sizes().end());
+      o.strides.assign(mt.strides().begin(), mt.strides().end());
+      o.dtype = mt.scalar_type();
+      return o;
+    };
+    for (auto& m : mstack) {
+      MetaRet r;
+      if (m.isTensor()) {
+        r.kind = 0;
+        r.tensors.push_back(spec(m.toTensor()));
+      } else if (m.isTensorList()) {
+        r.kind = 1;
+        for (const at::Tensor& mt : m.toTensorVector()) r.tensors.push_back(spec(mt));
+      } else {
+        r.kind = 2;
+        r.other = m;
+      }
+      mr->rets.push_back(std::move(r));
+    }
+    StoreMeta(key, mr);
+  }
 
   std::vector<at::Tensor> outs;   // real output tensors (in order of tensor returns)
   std::vector<c10::IValue> rets;  // values to return
-  for (auto& m : mstack) {
-    if (m.isTensor()) {
-      const at::Tensor& mt = m.toTensor();
-      auto it = mc.meta_to_real.find(mt.unsafeGetTensorImpl());
-      at::Tensor real;
-      if (it != mc.meta_to_real.end()) {
-        real = it->second;
-        if (real.sizes() != mt.sizes()) real.resize_(mt.sizes());
-      } else {
-        real = empty_strided_tpu(mt.sizes(), mt.strides(), mt.scalar_type(), std::nullopt,
-                             std::nullopt, std::nullopt);
-      }
+  auto make = [&](const OutSpec& o) {
+    if (o.input >= 0) {
+      at::Tensor real = flat_inputs[o.input];
+      if (real.sizes() != c10::IntArrayRef(o.sizes)) real.resize_(o.sizes);
+      return real;
+    }
+    return empty_strided_tpu(o.sizes, o.strides, o.dtype, std::nullopt, std::nullopt, std::nullopt);
+  };
+  for (const MetaRet& r : mr->rets) {
+    if (r.kind == 0) {
+      at::Tensor real = make(r.tensors[0]);
       outs.push_back(real);
       rets.push_back(real);
-    } else if (m.isTensorList()) {
+    } else if (r.kind == 1) {
       std::vector<at::Tensor> list;
-      for (const at::Tensor& mt : m.toTensorVector()) {
-        auto it = mc.meta_to_real.find(mt.unsafeGetTensorImpl());
-        at::Tensor real = it != mc.meta_to_real.end()
-                              ? it->second
-                              : empty_strided_tpu(mt.sizes(), mt.strides(), mt.scalar_type(),
-                                              std::nullopt, std::nullopt, std::nullopt);
-        outs.push_back(real);
-        list.push_back(real);
+      for (const OutSpec& o : r.tensors) {
+        list.push_back(make(o));
+        outs.push_back(list.back());
       }
       rets.push_back(c10::IValue(list));
     } else {
-      rets.push_back(m);
+      rets.push_back(r.other);
     }
   }
 
