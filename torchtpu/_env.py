@@ -29,7 +29,18 @@ VISIBLE_DEVICES = _var("TORCHTPU_VISIBLE_DEVICES", "", "index of the device this
 CPU_DEVICES = _var("TORCHTPU_CPU_DEVICE_COUNT", "1", "devices the CPU plugin creates")
 MEMORY_LIMIT = _var("TORCHTPU_MEMORY_LIMIT", "", "device memory limit, bytes or 512M / 2G")
 MODE = _var("TORCHTPU_MODE", "strict", "default eager mode: strict | debug | defer_and_fuse")
-CACHE_DIR = _var("TORCHTPU_CACHE_DIR", "", "persistent compilation cache directory; '' disables")
+CACHE_DIR = _var("TORCHTPU_CACHE_DIR", "~/.cache/torchtpu",
+                 "persistent compilation cache directory (default under the user cache dir); '' disables")
+CACHE_MAX_BYTES = _var("TORCHTPU_CACHE_MAX_BYTES", "8G", "size bound of the persistent cache (LRU eviction)")
+
+
+def cache_dir() -> str:
+    """The persistent cache directory, or '' when disabled."""
+    v = os.environ.get("TORCHTPU_CACHE_DIR")
+    if v is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return os.path.join(base, "torchtpu")
+    return os.path.expanduser(v)
 
 
 def parse_bytes(s: str) -> int:
