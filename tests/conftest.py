@@ -6,6 +6,11 @@ import pytest
 # Tests import the checkout's torchtpu (the build links torchtpu/_C*.so into it).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import tempfile  # noqa: E402
+
+# Tests use a private persistent cache unless the caller chose one.
+os.environ.setdefault("TORCHTPU_CACHE_DIR", tempfile.mkdtemp(prefix="torchtpu-test-cache-"))
+
 import torch  # noqa: E402
 
 import torchtpu  # noqa: E402,F401

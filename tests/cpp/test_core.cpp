@@ -192,7 +192,12 @@ INSTANTIATE_TEST_SUITE_P(
                       ViewCase{{4, 3}, {2, 1}, 0},      // overlapping windows (unfold)
                       ViewCase{{3, 4}, {0, 1}, 5},      // expanded
                       ViewCase{{2, 1, 3}, {20, 7, 5}, 1},
-                      ViewCase{{}, {}, 9}));            // scalar
+                      ViewCase{{}, {}, 9}),             // scalar
+    [](const ::testing::TestParamInfo<ViewCase>& info) {
+      static const char* names[] = {"contiguous", "transpose", "strided_offset", "permuted", "step",
+                                    "overlapping", "expanded", "odd_strides", "scalar"};
+      return std::string(names[info.index]);
+    });
 
 TEST(Views, FlatBitcastRoundTrip) {
   hlo::Builder b;
