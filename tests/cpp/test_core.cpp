@@ -182,6 +182,12 @@ TEST_P(Views, ReadAndWriteMatchReference) {
   }
 }
 
+static std::string ViewName(const ::testing::TestParamInfo<ViewCase>& info) {
+  static const char* names[] = {"contiguous", "transpose", "strided_offset", "permuted", "step",
+                                "overlapping", "expanded", "odd_strides", "scalar"};
+  return names[info.index];
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Layouts, Views,
     ::testing::Values(ViewCase{{4, 8}, {8, 1}, 0},      // contiguous
@@ -193,11 +199,7 @@ INSTANTIATE_TEST_SUITE_P(
                       ViewCase{{3, 4}, {0, 1}, 5},      // expanded
                       ViewCase{{2, 1, 3}, {20, 7, 5}, 1},
                       ViewCase{{}, {}, 9}),             // scalar
-    [](const ::testing::TestParamInfo<ViewCase>& info) {
-      static const char* names[] = {"contiguous", "transpose", "strided_offset", "permuted", "step",
-                                    "overlapping", "expanded", "odd_strides", "scalar"};
-      return std::string(names[info.index]);
-    });
+    ViewName);
 
 TEST(Views, FlatBitcastRoundTrip) {
   hlo::Builder b;
