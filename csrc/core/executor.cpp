@@ -3,7 +3,9 @@
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 
 #include "events.h"
@@ -278,7 +280,84 @@ int Region::AddResult(Value v) {
   return (int)extra_.size() - 1;
 }
 
-std::vector<pjrt::BufferPtr> Region::Flush(bool wait) {
+DeferStats& GetDeferStats() {
+  static DeferStats s;
+  return s;
+}
+
+int64_t DeferThreshold() {
+  static int64_t t = [] {
+    const char* e = std::getenv("TORCHTPU_DEFER_MAX_OPS");
+    return e && *e ? std::max<int64_t>(1, std::atoll(e)) : 1024;
+  }();
+  return t;
+}
+
+void Region::AfterOp(uint64_t sig) {
+  ops_++;
+  Mode m = GetMode();
+  if (m != Mode::DeferAndFuse) {
+    Flush(m == Mode::Debug, m == Mode::Debug ? "debug" : "strict");
+    return;
+  }
+  if (period_) {
+    // Following a detected loop: cut every `period_` ops, at the same phase,
+    // so every region has the same program text (a cache hit).
+    if (period_sigs_[period_pos_ % period_sigs_.size()] != sig) {
+      period_ = 0;  // the sequence changed: detect again
+      sigs_.clear();
+      candidates_.clear();
+    } else if (++period_pos_ == period_) {
+      period_pos_ = 0;
+      Flush(false, "loop_boundary");
+      return;
+    }
+  }
+  if (!period_) {
+    sigs_.push_back(sig);
+    size_t n = sigs_.size();
+    if (n > 1 && sig == sigs_[0]) candidates_.push_back(n - 1);
+    if (n > 16384) {
+      sigs_.clear();
+      candidates_.clear();
+    }
+    candidates_.erase(std::remove_if(candidates_.begin(), candidates_.end(),
+                                     [n](size_t p) { return 2 * p < n; }),
+                      candidates_.end());
+    for (size_t p : candidates_) {
+      if (2 * p != n) continue;
+      if (std::equal(sigs_.begin(), sigs_.begin() + p, sigs_.begin() + p)) {
+        // cut every k iterations: big regions, always at the same phase
+        period_ = p * std::max<size_t>(1, (size_t)DeferThreshold() / 2 / p);
+        period_pos_ = (2 * p) % period_;  // phase origin: the first op of sigs_
+        period_sigs_.assign(sigs_.begin(), sigs_.begin() + p);
+        GetDeferStats().periods_detected++;
+        sigs_.clear();
+        candidates_.clear();
+        if (period_pos_ == 0) {
+          Flush(false, "loop_boundary");
+          return;
+        }
+      }
+    }
+  }
+  if (ops_ >= DeferThreshold()) Flush(false, "size_threshold");
+}
+
+std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
+  if (GetMode() == Mode::DeferAndFuse || std::strcmp(reason, "strict") != 0) {
+    auto& ds = GetDeferStats();
+    ds.flushes++;
+    ds.ops_flushed += ops_;
+    ds.flush_reasons[reason]++;
+    if (std::strcmp(reason, "loop_boundary") && std::strcmp(reason, "loop_detected") &&
+        std::strcmp(reason, "size_threshold")) {
+      // a host read or sync inside a loop: restart detection from here
+      sigs_.clear();
+      candidates_.clear();
+      period_ = 0;
+    }
+  }
   std::vector<Value> results;
   std::vector<StatePtr> targets;
   for (auto& s : slots_) {
@@ -301,6 +380,7 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait) {
     Reset();
     return extra_out;
   }
+  GetDeferStats().programs++;
   std::string text = b_->Finish(results);
   std::vector<pjrt::BufferPtr> args = std::move(args_);
   Reset();
@@ -340,7 +420,7 @@ void ReadToHost(const at::Tensor& src, void* dst) {
     Value v = r.Read(src);
     if (et == ET::PRED) v = r.b().Convert(v, ET::U8);
     r.AddResult(r.b().Reshape(v, {src.numel()}));
-    auto extra = r.Flush();
+    auto extra = r.Flush(false, "host_read");
     buf = extra.back();
   }
   GetMetrics().d2h_bytes += nbytes;

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Scalar.h>
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -47,7 +48,11 @@ class Region {
   int AddResult(hlo::Value v);
 
   // Compiles and runs what was recorded. Returns the extra results.
-  std::vector<pjrt::BufferPtr> Flush(bool wait = false);
+  std::vector<pjrt::BufferPtr> Flush(bool wait = false, const char* reason = "explicit");
+  // Called after each recorded op with a structural signature; applies the
+  // mode's flush policy (strict: flush now; debug: flush and wait;
+  // defer_and_fuse: flush at detected loop boundaries or the size threshold).
+  void AfterOp(uint64_t signature);
   bool empty() const { return ops_ == 0 && extra_.empty(); }
   void CountOp() { ops_++; }
   // Discards the recording (after an error while lowering).
@@ -71,7 +76,20 @@ class Region {
   std::vector<hlo::Value> extra_;
   uint64_t epoch_ = 0;
   int ops_ = 0;
+  // defer_and_fuse loop detection (see AfterOp)
+  std::vector<uint64_t> sigs_;
+  std::vector<size_t> candidates_;
+  size_t period_ = 0;       // detected iteration length in ops (0 = none)
+  size_t period_pos_ = 0;   // ops since the last periodic flush
+  std::vector<uint64_t> period_sigs_;
 };
+
+struct DeferStats {
+  std::map<std::string, int64_t> flush_reasons;
+  int64_t flushes = 0, ops_flushed = 0, programs = 0, periods_detected = 0;
+};
+DeferStats& GetDeferStats();
+int64_t DeferThreshold();
 
 // Materialized contiguous copy of a tpu tensor into host memory `dst`.
 void ReadToHost(const at::Tensor& src, void* dst);

@@ -126,10 +126,16 @@ at::Tensor& set_empty(at::Tensor& self) {
 // ---------------------------------------------------------------- copies
 static bool IsTpu(const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; }
 
-static void Finish(Region& r) {
-  Mode m = GetMode();
-  if (m == Mode::DeferAndFuse) return;
-  r.Flush(m == Mode::Debug);
+static void Finish(Region& r, uint64_t sig = 0) { r.AfterOp(sig); }
+
+static uint64_t Signature(const std::string& name, const std::vector<at::Tensor>& inputs) {
+  uint64_t h = std::hash<std::string>()(name);
+  for (const at::Tensor& t : inputs) {
+    h = h * 1000003u ^ (uint64_t)t.scalar_type();
+    for (auto d : t.sizes()) h = h * 1000003u ^ (uint64_t)d;
+    for (auto d : t.strides()) h = h * 31u ^ (uint64_t)d;
+  }
+  return h;
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
@@ -165,8 +171,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     }
     Value v = r.BufferArg(buf, Type(et, {src.numel()}));
     r.Write(dst, v);
-    r.CountOp();
-    Finish(r);
+    Finish(r, Signature("h2d", {dst}));
     return dst;
   }
   // device -> device
@@ -177,8 +182,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   hlo::Dims d(dst.sizes().begin(), dst.sizes().end());
   v = r.b().BroadcastTo(v, d);
   r.Write(dst, v);
-  r.CountOp();
-  Finish(r);
+  Finish(r, Signature("d2d", {self, dst}));
   return dst;
 }
 
@@ -578,7 +582,6 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
       Value v = ops::Cast(r.b(), vals[i], ToET(outs[i].scalar_type()));
       r.Write(outs[i], v);
     }
-    r.CountOp();
   } catch (const ops::LowerError& e) {
     r.Abandon();
     TORCH_CHECK(false, e.what());
@@ -591,7 +594,7 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   }
   GetMetrics().Native(name);
   try {
-    Finish(r);
+    Finish(r, Signature(name, flat_inputs));
   } catch (const pjrt::Error& e) {
     TORCH_CHECK(false, "torchtpu: ", name, " failed on the device: ", e.what());
   }

@@ -97,10 +97,25 @@ PYBIND11_MODULE(_C, m) {
     d["bytes_device_to_host"] = mt.d2h_bytes.load();
     d["live_buffers"] = tt::pjrt::Buffer::live_buffers();
     d["live_buffer_bytes"] = tt::pjrt::Buffer::live_bytes();
+    {
+      std::lock_guard<std::recursive_mutex> g(tt::Region::Lock());
+      auto& ds = tt::GetDeferStats();
+      py::dict reasons;
+      for (auto& kv : ds.flush_reasons) reasons[py::str(kv.first)] = kv.second;
+      d["flushes"] = ds.flushes;
+      d["flush_reasons"] = reasons;
+      d["programs"] = ds.programs;
+      d["ops_per_program"] = ds.programs ? (double)ds.ops_flushed / ds.programs : 0.0;
+      d["loops_detected"] = ds.periods_detected;
+    }
     d["executable_cache_entries"] = tt::Started() ? (int64_t)tt::Runtime::Get().cache_size() : 0;
     return d;
   });
-  m.def("_reset_metrics", []() { tt::GetMetrics().Reset(); });
+  m.def("_reset_metrics", []() {
+    tt::GetMetrics().Reset();
+    std::lock_guard<std::recursive_mutex> g(tt::Region::Lock());
+    tt::GetDeferStats() = tt::DeferStats();
+  });
   m.def("_lowered_ops", &tt::ops::RegisteredOps);
   m.def("_default_generator", []() { return tt::DefaultGenerator(0); });
 }
