@@ -10,6 +10,7 @@
 
 namespace tt {
 void RegisterNativeKernels();
+void BindGraph(pybind11::module& m);
 }
 
 namespace py = pybind11;
@@ -117,5 +118,6 @@ PYBIND11_MODULE(_C, m) {
     tt::GetDeferStats() = tt::DeferStats();
   });
   m.def("_lowered_ops", &tt::ops::RegisteredOps);
+  tt::BindGraph(m);
   m.def("_default_generator", []() { return tt::DefaultGenerator(0); });
 }
