@@ -259,7 +259,11 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   std::vector<at::Tensor> outs;   // real output tensors (in order of tensor returns)
   std::vector<c10::IValue> rets;  // values to return
   for (auto& m : mstack) {
-    if (m.isTensor()) {
+    if (m.isTensor() && !m.toTensor().defined()) {
+      // masked-out output (e.g. native_layer_norm_backward's output_mask):
+      // stays undefined; the lowering returns values for defined outputs only.
+      rets.push_back(m);
+    } else if (m.isTensor()) {
       const at::Tensor& mt = m.toTensor();
       auto it = mc.meta_to_real.find(mt.unsafeGetTensorImpl());
       at::Tensor real;
