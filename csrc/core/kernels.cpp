@@ -244,6 +244,45 @@ std::set<std::string>& WarnedFallbacks() {
   return s;
 }
 
+// Advanced indexing with boolean masks has a data-dependent shape: like
+// PyTorch's CPU kernels, turn each mask into long indices (nonzero) first.
+// index_put with one full-shape mask and a one-element value stays a mask
+// (the lowering selects, no host sync).
+void ExpandMaskIndices(const std::string& name, std::vector<c10::IValue>& args) {
+  bool is_index = name.rfind("aten::index.Tensor", 0) == 0;
+  bool is_put = name.rfind("aten::index_put", 0) == 0 || name.rfind("aten::_index_put_impl_", 0) == 0;
+  if (!is_index && !is_put) return;
+  if (args.size() < 2 || !args[1].isList()) return;
+  auto l = args[1].toList();
+  bool any = false;
+  for (size_t k = 0; k < l.size(); ++k) {
+    c10::IValue e = l.get(k);
+    if (e.isTensor() && e.toTensor().defined() &&
+        (e.toTensor().scalar_type() == c10::kBool || e.toTensor().scalar_type() == c10::kByte))
+      any = true;
+  }
+  if (!any) return;
+  if (is_put && l.size() == 1 && args.size() > 2 && args[2].isTensor() && args[2].toTensor().numel() == 1 &&
+      l.get(0).toTensor().sizes() == args[0].toTensor().sizes())
+    return;
+  c10::List<std::optional<at::Tensor>> out;
+  for (size_t k = 0; k < l.size(); ++k) {
+    c10::IValue e = l.get(k);
+    if (!e.isTensor() || !e.toTensor().defined()) {
+      out.push_back(std::nullopt);
+      continue;
+    }
+    at::Tensor t = e.toTensor();
+    if (t.scalar_type() == c10::kBool || t.scalar_type() == c10::kByte) {
+      at::Tensor nz = t.nonzero();
+      for (int64_t j = 0; j < t.dim(); ++j) out.push_back(nz.select(1, j));
+    } else {
+      out.push_back(t);
+    }
+  }
+  args[1] = c10::IValue(out);
+}
+
 }  // namespace
 
 namespace {
@@ -392,6 +431,7 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   TORCH_CHECK(lw, "torchtpu: no lowering registered for ", name);
   size_t nargs = schema.arguments().size();
   std::vector<c10::IValue> args(stack->end() - nargs, stack->end());
+  ExpandMaskIndices(name, args);
 
   // 1. Output metadata from PyTorch's meta kernels (also validates input).
   //    Meta kernels can be slow (some are Python); their result depends only
@@ -424,7 +464,12 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     };
     for (auto& m : mstack) {
       MetaRet r;
-      if (m.isTensor()) {
+      if (m.isTensor() && !m.toTensor().defined()) {
+        // masked-out output (e.g. native_layer_norm_backward's output_mask):
+        // stays undefined; the lowering returns values for defined outputs only.
+        r.kind = 2;
+        r.other = m;
+      } else if (m.isTensor()) {
         r.kind = 0;
         r.tensors.push_back(spec(m.toTensor()));
       } else if (m.isTensorList()) {
