@@ -26,7 +26,8 @@ using hlo::Value;
 struct Arg {
   enum Kind : uint8_t {
     None, Tensor, TensorList, OptTensorList, Scalar, Int, Double, Bool, IntList, DoubleList,
-    BoolList, String, Other
+    BoolList, String, Other,
+    ScalarList  // Scalar[]: each a 0-d program argument in vs (values in doubles)
   };
   Kind kind = None;
   Value v;                          // Tensor; Scalar (a 0-d program argument)
