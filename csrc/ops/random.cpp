@@ -82,6 +82,11 @@ std::vector<Value> UniformL(LowerCtx& c) {
   if (Empty(o)) return {c.b.Zeros(o)};
   ET ft = MathType(o.et);
   Value u = Uniforms(c, ft, o.dims)[0];
+  if (o.et == ET::F16 || o.et == ET::BF16) {
+    // Keep only the output's mantissa bits so rounding never yields 1.0.
+    double scale = o.et == ET::F16 ? 2048.0 : 256.0;
+    u = c.b.Div(c.b.Unary("floor", c.b.Mul(u, c.b.Splat(u.type, scale))), c.b.Splat(u.type, scale));
+  }
   Value lo = ArgAs(c, 1, o.dims, ft, 0.0), hi = ArgAs(c, 2, o.dims, ft, 1.0);
   return {c.b.Add(lo, c.b.Mul(u, c.b.Sub(hi, lo)))};
 }
