@@ -513,7 +513,22 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
 
   // Ops that mutate arguments without returning them (e.g. _foreach_add_):
   // the written arguments are the outputs, in schema order.
-  if (schema.returns().empty()) {
+  size_t n_returned = outs.size();
+  if (!schema.returns().empty()) {
+    // Mutated arguments that are not returned (e.g. _amp_update_scale_'s
+    // growth_tracker) follow the returned outputs; a lowering may return
+    // values for them (or only for the returned outputs).
+    std::unordered_set<const c10::TensorImpl*> seen;
+    for (auto& t : outs) seen.insert(t.unsafeGetTensorImpl());
+    for (size_t i = 0; i < nargs; ++i) {
+      const auto* ai = schema.arguments()[i].alias_info();
+      if (!ai || !ai->isWrite()) continue;
+      const c10::IValue& v = args[i];
+      if (v.isTensor() && v.toTensor().defined() && IsTpu(v.toTensor()) &&
+          !seen.count(v.toTensor().unsafeGetTensorImpl()))
+        outs.push_back(v.toTensor());
+    }
+  } else {
     for (size_t i = 0; i < nargs; ++i) {
       const auto* ai = schema.arguments()[i].alias_info();
       if (!ai || !ai->isWrite()) continue;
@@ -579,6 +594,16 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
         a.scalar_is_bool = s.isBoolean();
         a.scalar_is_complex = s.isComplex();
         a.scalar_hint = s.isComplex() ? 0.0 : s.toDouble();
+      } else if (v.isList() && sa.type()->kind() == c10::TypeKind::ListType &&
+                 sa.type()->containedType(0)->kind() == c10::TypeKind::NumberType) {
+        // Scalar[] (e.g. per-tensor learning rates): program arguments, never literals.
+        a.kind = ops::Arg::ScalarList;
+        auto l = v.toList();
+        for (size_t k = 0; k < l.size(); ++k) {
+          c10::Scalar s = l.get(k).toScalar();
+          a.vs.push_back(r.Scalar(s, ScalarArgType(s, hint)));
+          a.doubles.push_back(s.isComplex() ? 0.0 : s.toDouble());
+        }
       } else if (v.isInt()) {
         a.kind = ops::Arg::Int;
         a.i = v.toInt();
@@ -621,6 +646,8 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
       c.rng_key = [&r, gen, numel] { return r.RngKey(gen, numel); };
     }
     std::vector<Value> vals = lw->fn(c);
+    if (!schema.returns().empty() && vals.size() == n_returned && n_returned < outs.size())
+      outs.resize(n_returned);
     TORCH_CHECK(vals.size() == outs.size(), "torchtpu: lowering of ", name, " returned ", vals.size(),
                 " values for ", outs.size(), " outputs");
     for (size_t i = 0; i < outs.size(); ++i) {

@@ -62,6 +62,8 @@ bool LowerCtx::flag(size_t i, bool dflt) const {
   const Arg& a = arg(i);
   if (a.kind == Arg::Bool) return a.b;
   if (a.kind == Arg::Int) return a.i != 0;
+  // Optional bools (`bool?`) arrive as Scalars from the native kernel.
+  if (a.kind == Arg::Scalar && a.scalar_is_bool) return a.scalar_hint != 0;
   fail("argument " + std::to_string(i) + " is not a bool");
 }
 

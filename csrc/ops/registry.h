@@ -26,7 +26,8 @@ using hlo::Value;
 struct Arg {
   enum Kind : uint8_t {
     None, Tensor, TensorList, OptTensorList, Scalar, Int, Double, Bool, IntList, DoubleList,
-    BoolList, String, Other
+    BoolList, String, Other,
+    ScalarList  // Scalar[]: each a 0-d program argument in vs (values in doubles)
   };
   Kind kind = None;
   Value v;                          // Tensor; Scalar (a 0-d program argument)
@@ -121,6 +122,10 @@ struct MultiRegistrar {
 // Usage: TT_LOWERINGS(({"aten::add.Tensor", "aten::add_.Tensor"}), fn);
 #define TT_LOWERINGS(names, fn) \
   static ::tt::ops::MultiRegistrar TT_CAT(tt_mreg_, __COUNTER__)(std::initializer_list<const char*> names, fn)
+// Random ops (the lowering calls c.rng_key()) under several names.
+#define TT_RANDOM_LOWERINGS(names, fn)                                                        \
+  static ::tt::ops::MultiRegistrar TT_CAT(tt_mreg_, __COUNTER__)(std::initializer_list<const char*> names, \
+                                                                 fn, true)
 
 // torch.result_type over the given argument positions (tensors, scalars).
 ET CommonType(const LowerCtx& c, std::initializer_list<size_t> idx);

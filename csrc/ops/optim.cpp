@@ -1,0 +1,344 @@
+// Optimizer paths: the _foreach_* family (one program for the whole list),
+// norms (linalg_vector_norm, _foreach_norm), stack, and the AMP grad-scaler
+// ops. Scalars and scalar lists are program arguments, so a changing learning
+// rate does not recompile.
+#include <cmath>
+#include <limits>
+
+#include "registry.h"
+
+namespace tt::ops {
+namespace {
+
+// Operand `argi` for list element k, converted to ct and broadcast to dims.
+Value ListOperand(LowerCtx& c, size_t argi, size_t k, const Dims& dims, ET ct, double dflt) {
+  if (!c.has(argi)) return c.b.Splat(Type(ct, dims), dflt);
+  const Arg& a = c.arg(argi);
+  switch (a.kind) {
+    case Arg::TensorList:
+      return Bcast(c.b, a.vs.at(k), dims, ct);
+    case Arg::ScalarList:
+      return Bcast(c.b, a.vs.at(k), dims, ct);
+    case Arg::Tensor:
+    case Arg::Scalar: {
+      Value v = a.v;
+      if (v.rank() == 1 && a.kind == Arg::Tensor && v.dims()[0] > 1) {  // one value per element
+        v = c.b.Reshape(c.b.Slice(v, {(int64_t)k}, {(int64_t)k + 1}, {1}), {});
+      }
+      return Bcast(c.b, v, dims, ct);
+    }
+    case Arg::Double:
+    case Arg::Int:
+      return c.b.Splat(Type(ct, dims), c.f64(argi));
+    default:
+      return c.b.Splat(Type(ct, dims), dflt);
+  }
+}
+
+bool IsScalarish(const LowerCtx& c, size_t i) {
+  return c.has(i) && (c.arg(i).kind == Arg::Scalar || c.arg(i).kind == Arg::ScalarList ||
+                      c.arg(i).kind == Arg::TensorList || c.arg(i).kind == Arg::Tensor);
+}
+
+Value NanMax(Builder& b, Value x, Value y, bool is_max) {
+  Value r = is_max ? b.Max(x, y) : b.Min(x, y);
+  if (!hlo::IsFloat(x.et())) return r;
+  r = b.Select(b.Compare(x, x, "NE"), x, r);
+  return b.Select(b.Compare(y, y, "NE"), y, r);
+}
+
+// ---- binary: self (op) other, other = list / scalar / scalar list / tensor
+enum class BinOp { Add, Sub, Mul, Div, Max, Min, Pow };
+
+template <BinOp Op>
+std::vector<Value> ForeachBinary(LowerCtx& c) {
+  std::vector<Value> xs = c.tl(0);
+  std::vector<Value> out;
+  for (size_t k = 0; k < xs.size(); ++k) {
+    const Type& ot = c.out(k);
+    ET ct = ComputeType(ot.et);
+    Value x = Bcast(c.b, xs[k], ot.dims, ct);
+    Value y = ListOperand(c, 1, k, ot.dims, ct, 0.0);
+    Value r;
+    switch (Op) {
+      case BinOp::Add:
+      case BinOp::Sub:
+        if (c.has(2) && c.arg(2).kind == Arg::Scalar && c.arg(2).scalar_hint != 1.0)
+          y = c.b.Mul(y, Bcast(c.b, c.arg(2).v, ot.dims, ct));
+        r = Op == BinOp::Add ? (ct == ET::PRED ? c.b.Binary("or", x, y) : c.b.Add(x, y))
+                             : c.b.Sub(x, y);
+        break;
+      case BinOp::Mul: r = ct == ET::PRED ? c.b.Binary("and", x, y) : c.b.Mul(x, y); break;
+      case BinOp::Div: r = c.b.Div(x, y); break;
+      case BinOp::Max: r = NanMax(c.b, x, y, true); break;
+      case BinOp::Min: r = NanMax(c.b, x, y, false); break;
+      case BinOp::Pow: r = c.b.Binary("power", x, y); break;
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
+#define FOREACH_BIN(base, op)                                                                   \
+  TT_LOWERINGS(({"aten::_foreach_" base ".Scalar", "aten::_foreach_" base "_.Scalar",           \
+                 "aten::_foreach_" base ".Scalar_out", "aten::_foreach_" base ".List",          \
+                 "aten::_foreach_" base "_.List", "aten::_foreach_" base ".List_out",           \
+                 "aten::_foreach_" base ".ScalarList", "aten::_foreach_" base "_.ScalarList",   \
+                 "aten::_foreach_" base ".ScalarList_out", "aten::_foreach_" base ".Tensor",    \
+                 "aten::_foreach_" base "_.Tensor", "aten::_foreach_" base ".Tensor_out"}),     \
+               ForeachBinary<op>)
+FOREACH_BIN("add", BinOp::Add);
+FOREACH_BIN("sub", BinOp::Sub);
+FOREACH_BIN("mul", BinOp::Mul);
+FOREACH_BIN("div", BinOp::Div);
+FOREACH_BIN("maximum", BinOp::Max);
+FOREACH_BIN("minimum", BinOp::Min);
+FOREACH_BIN("clamp_min", BinOp::Max);
+FOREACH_BIN("clamp_max", BinOp::Min);
+FOREACH_BIN("pow", BinOp::Pow);
+#undef FOREACH_BIN
+
+// ---- unary
+using UFn = Value (*)(Builder&, Value);
+#define U(name, expr) \
+  Value name(Builder& b, Value x) { return expr; }
+U(f_sqrt, b.Unary("sqrt", x))
+U(f_rsqrt, b.Unary("rsqrt", x))
+U(f_abs, b.Unary("abs", x))
+U(f_exp, b.Unary("exponential", x))
+U(f_expm1, b.Unary("exponential_minus_one", x))
+U(f_log, b.Unary("log", x))
+U(f_log1p, b.Unary("log_plus_one", x))
+U(f_neg, b.Unary("negate", x))
+U(f_reciprocal, b.Div(b.Splat(x.type, 1.0), x))
+U(f_sign, b.Unary("sign", x))
+U(f_sigmoid, b.Unary("logistic", x))
+U(f_tanh, b.Unary("tanh", x))
+U(f_sin, b.Unary("sine", x))
+U(f_cos, b.Unary("cosine", x))
+U(f_floor, b.Unary("floor", x))
+U(f_ceil, b.Unary("ceil", x))
+U(f_round, b.Unary("round_nearest_even", x))
+U(f_erf, b.Op1("chlo.erf", {x}, x.type))
+U(f_zero, b.Zeros(x.type))
+#undef U
+Value f_trunc(Builder& b, Value x) {
+  return b.Select(b.Compare(x, b.Zeros(x.type), "LT"), b.Unary("ceil", x), b.Unary("floor", x));
+}
+Value f_frac(Builder& b, Value x) { return b.Sub(x, f_trunc(b, x)); }
+
+template <UFn F>
+std::vector<Value> ForeachUnary(LowerCtx& c) {
+  std::vector<Value> xs = c.tl(0), out;
+  for (size_t k = 0; k < xs.size(); ++k) {
+    const Type& ot = c.out(k);
+    ET ct = hlo::IsFloat(ot.et) ? ComputeType(ot.et) : ot.et;
+    out.push_back(F(c.b, Cast(c.b, xs[k], ct)));
+  }
+  return out;
+}
+#define FOREACH_UN(base, fn)                                                                  \
+  TT_LOWERINGS(({"aten::_foreach_" base, "aten::_foreach_" base "_", "aten::_foreach_" base ".out"}), \
+               ForeachUnary<fn>)
+FOREACH_UN("sqrt", f_sqrt);
+FOREACH_UN("rsqrt", f_rsqrt);
+FOREACH_UN("abs", f_abs);
+FOREACH_UN("exp", f_exp);
+FOREACH_UN("expm1", f_expm1);
+FOREACH_UN("log", f_log);
+FOREACH_UN("log1p", f_log1p);
+FOREACH_UN("neg", f_neg);
+FOREACH_UN("reciprocal", f_reciprocal);
+FOREACH_UN("sign", f_sign);
+FOREACH_UN("sigmoid", f_sigmoid);
+FOREACH_UN("tanh", f_tanh);
+FOREACH_UN("sin", f_sin);
+FOREACH_UN("cos", f_cos);
+FOREACH_UN("floor", f_floor);
+FOREACH_UN("ceil", f_ceil);
+FOREACH_UN("round", f_round);
+FOREACH_UN("trunc", f_trunc);
+FOREACH_UN("frac", f_frac);
+FOREACH_UN("erf", f_erf);
+#undef FOREACH_UN
+TT_LOWERINGS(({"aten::_foreach_zero_", "aten::_foreach_zero", "aten::_foreach_zero.out"}),
+             ForeachUnary<f_zero>);
+
+// ---- copy: self[k] = src[k]
+std::vector<Value> ForeachCopy(LowerCtx& c) {
+  std::vector<Value> src = c.tl(1), out;
+  for (size_t k = 0; k < src.size(); ++k) out.push_back(Bcast(c.b, src[k], c.out(k).dims, c.out(k).et));
+  return out;
+}
+TT_LOWERINGS(({"aten::_foreach_copy_", "aten::_foreach_copy", "aten::_foreach_copy.out"}), ForeachCopy);
+
+// ---- addcmul / addcdiv: self + value * (t1 op t2)
+template <bool Div>
+std::vector<Value> ForeachAddc(LowerCtx& c) {
+  std::vector<Value> xs = c.tl(0), out;
+  for (size_t k = 0; k < xs.size(); ++k) {
+    const Type& ot = c.out(k);
+    ET ct = ComputeType(ot.et);
+    Value x = Bcast(c.b, xs[k], ot.dims, ct);
+    Value t1 = ListOperand(c, 1, k, ot.dims, ct, 0), t2 = ListOperand(c, 2, k, ot.dims, ct, 1);
+    Value p = Div ? c.b.Div(t1, t2) : c.b.Mul(t1, t2);
+    if (IsScalarish(c, 3) && !(c.arg(3).kind == Arg::Scalar && c.arg(3).scalar_hint == 1.0))
+      p = c.b.Mul(p, ListOperand(c, 3, k, ot.dims, ct, 1.0));
+    out.push_back(c.b.Add(x, p));
+  }
+  return out;
+}
+#define FOREACH_ADDC(base, fn)                                                                   \
+  TT_LOWERINGS(({"aten::_foreach_" base ".Scalar", "aten::_foreach_" base "_.Scalar",            \
+                 "aten::_foreach_" base ".Scalar_out", "aten::_foreach_" base ".ScalarList",     \
+                 "aten::_foreach_" base "_.ScalarList", "aten::_foreach_" base ".ScalarList_out", \
+                 "aten::_foreach_" base ".Tensor", "aten::_foreach_" base "_.Tensor",            \
+                 "aten::_foreach_" base ".Tensor_out"}),                                         \
+               fn)
+FOREACH_ADDC("addcmul", ForeachAddc<false>);
+FOREACH_ADDC("addcdiv", ForeachAddc<true>);
+#undef FOREACH_ADDC
+
+// ---- lerp: self + w * (end - self)
+std::vector<Value> ForeachLerp(LowerCtx& c) {
+  std::vector<Value> xs = c.tl(0), out;
+  for (size_t k = 0; k < xs.size(); ++k) {
+    const Type& ot = c.out(k);
+    ET ct = ComputeType(ot.et);
+    Value x = Bcast(c.b, xs[k], ot.dims, ct);
+    Value e = ListOperand(c, 1, k, ot.dims, ct, 0), w = ListOperand(c, 2, k, ot.dims, ct, 0);
+    out.push_back(c.b.Add(x, c.b.Mul(w, c.b.Sub(e, x))));
+  }
+  return out;
+}
+TT_LOWERINGS(({"aten::_foreach_lerp.List", "aten::_foreach_lerp_.List", "aten::_foreach_lerp.List_out",
+               "aten::_foreach_lerp.Scalar", "aten::_foreach_lerp_.Scalar",
+               "aten::_foreach_lerp.Scalar_out", "aten::_foreach_lerp.ScalarList",
+               "aten::_foreach_lerp_.ScalarList", "aten::_foreach_lerp.ScalarList_out"}),
+             ForeachLerp);
+
+// ---- norms
+Value VectorNorm(Builder& b, Value x, double ord, const Dims& dims, bool keepdim) {
+  ET ct = x.et();
+  Value r;
+  Value ax = b.Unary("abs", x);
+  if (std::isinf(ord)) {
+    double init = ord > 0 ? 0.0 : std::numeric_limits<double>::infinity();
+    Value i = b.Splat(Type(ct, {}), init);
+    r = dims.empty() ? ax : b.Reduce(ax, i, dims, ord > 0 ? "maximum" : "minimum");
+  } else if (ord == 0) {
+    Value nz = b.Convert(b.Compare(x, b.Zeros(x.type), "NE"), ct);
+    r = SumDims(b, nz, dims, false, ct);
+  } else if (ord == 1) {
+    r = SumDims(b, ax, dims, false, ct);
+  } else if (ord == 2) {
+    r = b.Unary("sqrt", SumDims(b, b.Mul(x, x), dims, false, ct));
+  } else {
+    Value p = b.Binary("power", ax, b.Splat(ax.type, ord));
+    Value s = SumDims(b, p, dims, false, ct);
+    r = b.Binary("power", s, b.Splat(s.type, 1.0 / ord));
+  }
+  if (keepdim) {
+    Dims kd = x.dims();
+    for (auto d : dims) kd[d] = 1;
+    r = b.Reshape(r, kd);
+  }
+  return r;
+}
+
+Dims AllDims(int rank) {
+  Dims d;
+  for (int i = 0; i < rank; ++i) d.push_back(i);
+  return d;
+}
+
+std::vector<Value> LinalgVectorNorm(LowerCtx& c) {
+  const Type& ot = c.out();
+  ET ct = ComputeType(ot.et);
+  Value x = Cast(c.b, c.t(0), ct);
+  double ord = c.has(1) ? c.f64(1) : 2.0;
+  Dims dims = c.has(2) && !c.ints(2).empty() ? NormDims(c.ints(2), x.rank()) : AllDims(x.rank());
+  bool keepdim = c.flag(3);
+  return {c.b.Reshape(VectorNorm(c.b, x, ord, dims, keepdim), ot.dims)};
+}
+TT_LOWERINGS(({"aten::linalg_vector_norm", "aten::linalg_vector_norm.out"}), LinalgVectorNorm);
+
+std::vector<Value> ForeachNorm(LowerCtx& c) {
+  std::vector<Value> xs = c.tl(0), out;
+  double ord = c.has(1) ? c.f64(1) : 2.0;
+  for (size_t k = 0; k < xs.size(); ++k) {
+    const Type& ot = c.out(k);
+    ET ct = ComputeType(ot.et);
+    Value x = Cast(c.b, xs[k], ct);
+    out.push_back(c.b.Reshape(VectorNorm(c.b, x, ord, AllDims(x.rank()), false), ot.dims));
+  }
+  return out;
+}
+TT_LOWERINGS(({"aten::_foreach_norm.Scalar", "aten::_foreach_norm.Scalar_out"}), ForeachNorm);
+
+// ---- stack
+std::vector<Value> Stack(LowerCtx& c) {
+  const Type& ot = c.out();
+  std::vector<Value> xs = c.tl(0);
+  int64_t dim = NormDim(c.i64_or(1, 0), ot.rank());
+  std::vector<Value> parts;
+  for (auto& x : xs) {
+    Dims d = ot.dims;
+    d[dim] = 1;
+    parts.push_back(c.b.Reshape(Cast(c.b, x, ot.et), d));
+  }
+  if (parts.size() == 1) return {parts[0]};
+  return {c.b.Concat(parts, dim)};
+}
+TT_LOWERINGS(({"aten::stack", "aten::stack.out"}), Stack);
+
+// ---- AMP grad scaler
+// _amp_foreach_non_finite_check_and_unscale_(self[], found_inf, inv_scale)
+std::vector<Value> AmpUnscale(LowerCtx& c) {
+  std::vector<Value> xs = c.tl(0), out;
+  Value found = c.t(1);
+  Value bad;  // any non-finite (pred scalar)
+  for (size_t k = 0; k < xs.size(); ++k) {
+    const Type& ot = c.out(k);
+    ET ct = ComputeType(ot.et);
+    Value x = Cast(c.b, xs[k], ct);
+    Value inv = Bcast(c.b, c.t(2), ot.dims, ct);
+    out.push_back(c.b.Mul(x, inv));
+    Value nf = c.b.Unary("not", c.b.Op1("stablehlo.is_finite", {x}, x.type.with_et(ET::PRED)));
+    Value any = x.rank() == 0 ? nf
+                              : c.b.Reduce(nf, c.b.Splat(Type(ET::PRED, {}), 0), AllDims(x.rank()), "or");
+    bad = bad.valid() ? c.b.Binary("or", bad, any) : any;
+  }
+  const Type& ft = c.out(xs.size());
+  Value f = Cast(c.b, found, ft.et);
+  if (bad.valid()) f = c.b.Select(c.b.BroadcastTo(bad, ft.dims), c.b.Splat(ft, 1.0), f);
+  out.push_back(f);
+  return out;
+}
+TT_LOWERINGS(({"aten::_amp_foreach_non_finite_check_and_unscale_"}), AmpUnscale);
+
+// _amp_update_scale_(self, growth_tracker, found_inf, growth, backoff, interval) -> self
+// (outputs: self, then the mutated growth_tracker)
+std::vector<Value> AmpUpdateScale(LowerCtx& c) {
+  Builder& b = c.b;
+  const Type& st = c.out(0);
+  Value scale = Cast(b, c.t(0), st.et);
+  Value tracker = c.t(1);
+  Value found = b.Compare(Bcast(b, c.t(2), st.dims, st.et), b.Zeros(st), "GT");
+  Value growth = b.Splat(st, c.f64(3)), backoff = b.Splat(st, c.f64(4));
+  Value succ = b.Add(tracker, b.Splat(tracker.type, 1));
+  Value grow = b.Compare(succ, b.Splat(tracker.type, (double)c.i64(5)), "EQ");
+  grow = b.BroadcastTo(grow, st.dims);
+  Value grown = b.Mul(scale, growth);
+  Value grown_ok = b.Op1("stablehlo.is_finite", {grown}, grown.type.with_et(ET::PRED));
+  Value ns = b.Select(found, b.Mul(scale, backoff),
+                      b.Select(b.Binary("and", grow, grown_ok), grown, scale));
+  Value zero_t = b.Zeros(tracker.type);
+  Value found_t = b.Reshape(found, tracker.dims()), grow_t = b.Reshape(grow, tracker.dims());
+  Value nt = b.Select(found_t, zero_t, b.Select(grow_t, zero_t, succ));
+  return {ns, nt};
+}
+TT_LOWERINGS(({"aten::_amp_update_scale_"}), AmpUpdateScale);
+
+}  // namespace
+}  // namespace tt::ops
