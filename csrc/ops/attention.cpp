@@ -1,9 +1,7 @@
 // Attention: scaled_dot_product_attention takes the math path on the tpu
 // device (it is CompositeImplicit and decomposes into bmm / _safe_softmax /
-// where / native_dropout / sum). This file lowers the pieces of that path that
-// are not elsewhere: softmax (+ safe variant, backward), sum, tril/triu.
-// (sum/tril/softmax may also be lowered by the reductions/shape families; the
-// registry keeps one of the equivalent lowerings.)
+// where / native_dropout / sum). Softmax, sum and tril live in their family
+// files (nn.cpp, reduce.cpp, shape.cpp); this file adds _safe_softmax.
 #include <limits>
 
 #include "registry.h"
@@ -39,57 +37,7 @@ std::vector<Value> SoftmaxL(LowerCtx& c) {
   int64_t dim = NormDim(c.i64(1), x.rank());
   return {Softmax(c.b, x, dim, Safe)};
 }
-TT_LOWERINGS(({"aten::_softmax", "aten::_softmax.out"}), SoftmaxL<false>);
 TT_LOWERINGS(({"aten::_safe_softmax"}), SoftmaxL<true>);
-
-// grad_input = y * (g - sum(g * y, dim))
-std::vector<Value> SoftmaxBackward(LowerCtx& c) {
-  const Type& ot = c.out();
-  ET ct = ComputeType(ot.et);
-  Value g = Cast(c.b, c.t(0), ct), y = Cast(c.b, c.t(1), ct);
-  if (y.rank() == 0) return {c.b.Zeros(ot)};
-  int64_t dim = NormDim(c.i64(2), y.rank());
-  Dims kd = y.dims();
-  kd[dim] = 1;
-  Value s = c.b.Reshape(c.b.Reduce(c.b.Mul(g, y), c.b.Zeros(Type(ct, {})), {dim}, "add"), kd);
-  return {c.b.Mul(y, c.b.Sub(g, c.b.BroadcastTo(s, y.dims())))};
-}
-TT_LOWERINGS(({"aten::_softmax_backward_data", "aten::_softmax_backward_data.out"}), SoftmaxBackward);
-
-// sum(self, dim?, keepdim, dtype)
-std::vector<Value> Sum(LowerCtx& c) {
-  const Type& ot = c.out();
-  ET acc = ot.et == ET::PRED ? ET::S64 : ComputeType(ot.et);
-  Value x = c.t(0);
-  Dims dims;
-  bool keepdim = false;
-  bool has_dim = c.args.size() > 1 && c.has(1) && c.arg(1).kind == Arg::IntList;
-  if (has_dim && !c.ints(1).empty()) {
-    dims = NormDims(c.ints(1), x.rank());
-  } else {
-    for (int i = 0; i < x.rank(); ++i) dims.push_back(i);
-  }
-  if (has_dim) keepdim = c.flag(2);
-  Value r = SumDims(c.b, x, dims, keepdim, acc);
-  return {c.b.Reshape(r, ot.dims)};
-}
-TT_LOWERINGS(({"aten::sum", "aten::sum.dim_IntList", "aten::sum.IntList_out", "aten::sum.out"}), Sum);
-
-// tril / triu over the last two dims
-template <bool Lower>
-std::vector<Value> Tri(LowerCtx& c) {
-  const Type& ot = c.out();
-  Value x = Cast(c.b, c.t(0), ot.et);
-  int r = x.rank();
-  if (r < 2) c.fail("expected a tensor with at least 2 dimensions");
-  int64_t diag = c.i64_or(1, 0);
-  Value i = c.b.Iota(Type(ET::S64, x.dims()), r - 2), j = c.b.Iota(Type(ET::S64, x.dims()), r - 1);
-  Value d = c.b.Sub(j, i);
-  Value keep = c.b.Compare(d, c.b.Splat(d.type, (double)diag), Lower ? "LE" : "GE");
-  return {c.b.Select(keep, x, c.b.Zeros(x.type))};
-}
-TT_LOWERINGS(({"aten::tril", "aten::tril_", "aten::tril.out"}), Tri<true>);
-TT_LOWERINGS(({"aten::triu", "aten::triu_", "aten::triu.out"}), Tri<false>);
 
 }  // namespace
 }  // namespace tt::ops

@@ -9,6 +9,17 @@ std::unordered_map<std::string, Lowering>& Registry() {
   return r;
 }
 
+std::vector<std::string>& DuplicateLowerings() {
+  static std::vector<std::string> d;
+  return d;
+}
+
+void Register(const char* name, LowerFn fn, bool random) {
+  auto& r = Registry();
+  if (r.count(name)) DuplicateLowerings().push_back(name);
+  r[name] = {fn, random};
+}
+
 const Lowering* Find(const std::string& op) {
   auto& r = Registry();
   auto it = r.find(op);

@@ -252,17 +252,6 @@ Dims AllDims(int rank) {
   return d;
 }
 
-std::vector<Value> LinalgVectorNorm(LowerCtx& c) {
-  const Type& ot = c.out();
-  ET ct = ComputeType(ot.et);
-  Value x = Cast(c.b, c.t(0), ct);
-  double ord = c.has(1) ? c.f64(1) : 2.0;
-  Dims dims = c.has(2) && !c.ints(2).empty() ? NormDims(c.ints(2), x.rank()) : AllDims(x.rank());
-  bool keepdim = c.flag(3);
-  return {c.b.Reshape(VectorNorm(c.b, x, ord, dims, keepdim), ot.dims)};
-}
-TT_LOWERINGS(({"aten::linalg_vector_norm", "aten::linalg_vector_norm.out"}), LinalgVectorNorm);
-
 std::vector<Value> ForeachNorm(LowerCtx& c) {
   std::vector<Value> xs = c.tl(0), out;
   double ord = c.has(1) ? c.f64(1) : 2.0;
@@ -275,22 +264,6 @@ std::vector<Value> ForeachNorm(LowerCtx& c) {
   return out;
 }
 TT_LOWERINGS(({"aten::_foreach_norm.Scalar", "aten::_foreach_norm.Scalar_out"}), ForeachNorm);
-
-// ---- stack
-std::vector<Value> Stack(LowerCtx& c) {
-  const Type& ot = c.out();
-  std::vector<Value> xs = c.tl(0);
-  int64_t dim = NormDim(c.i64_or(1, 0), ot.rank());
-  std::vector<Value> parts;
-  for (auto& x : xs) {
-    Dims d = ot.dims;
-    d[dim] = 1;
-    parts.push_back(c.b.Reshape(Cast(c.b, x, ot.et), d));
-  }
-  if (parts.size() == 1) return {parts[0]};
-  return {c.b.Concat(parts, dim)};
-}
-TT_LOWERINGS(({"aten::stack", "aten::stack.out"}), Stack);
 
 // ---- AMP grad scaler
 // _amp_foreach_non_finite_check_and_unscale_(self[], found_inf, inv_scale)

@@ -87,11 +87,15 @@ struct Lowering {
 };
 
 std::unordered_map<std::string, Lowering>& Registry();
+// Adds a lowering; a second lowering for the same op is recorded in
+// DuplicateLowerings() (a unit test keeps that list empty).
+void Register(const char* name, LowerFn fn, bool random);
+std::vector<std::string>& DuplicateLowerings();
 const Lowering* Find(const std::string& op);
 std::vector<std::string> RegisteredOps();
 
 struct Registrar {
-  Registrar(const char* name, LowerFn fn, bool random = false) { Registry()[name] = {fn, random}; }
+  Registrar(const char* name, LowerFn fn, bool random = false) { Register(name, fn, random); }
 };
 #define TT_CAT2(a, b) a##b
 #define TT_CAT(a, b) TT_CAT2(a, b)
@@ -116,7 +120,7 @@ namespace tt::ops {
 // Registers one lowering under several op names (functional, in-place, out=).
 struct MultiRegistrar {
   MultiRegistrar(std::initializer_list<const char*> names, LowerFn fn, bool random = false) {
-    for (auto n : names) Registry()[n] = {fn, random};
+    for (auto n : names) Register(n, fn, random);
   }
 };
 // Usage: TT_LOWERINGS(({"aten::add.Tensor", "aten::add_.Tensor"}), fn);

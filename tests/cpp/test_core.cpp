@@ -215,3 +215,9 @@ TEST(Registry, HasCoreLowerings) {
   EXPECT_NE(ops::Find("aten::mm"), nullptr);
   EXPECT_EQ(ops::Find("aten::definitely_not_an_op"), nullptr);
 }
+
+TEST(Registry, OneLoweringPerOp) {
+  std::string dups;
+  for (auto& d : ops::DuplicateLowerings()) dups += d + " ";
+  EXPECT_TRUE(ops::DuplicateLowerings().empty()) << "registered twice: " << dups;
+}
