@@ -12,7 +12,7 @@ if [ ! -f /usr/lib/x86_64-linux-gnu/libgtest.a ] && [ ! -f /usr/lib/libgtest.a ]
 fi
 
 $PY -m pip install -q --disable-pip-version-check torch==2.13.0 scikit-build-core ninja xla-cpu-pjrt numpy
-$PY -m pip install -q --disable-pip-version-check --no-build-isolation '.[test]'
+TORCH_DEVICE_BACKEND_AUTOLOAD=0 $PY -m pip install -q --disable-pip-version-check --no-build-isolation '.[test]'
 
 BUILD_DIR=$(ls -d build/cp3*-* 2>/dev/null | head -1)
 if [ -n "$BUILD_DIR" ] && [ -f "$BUILD_DIR/tt_core_tests" ]; then

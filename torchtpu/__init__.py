@@ -64,11 +64,6 @@ def _register() -> None:
             set_mode(mode)
 
 
-def _autoload() -> None:
-    """Entry point for torch.backends autoloading."""
-    _register()
-
-
 _MODES = {"strict": 0, "debug": 1, "defer_and_fuse": 2}
 _MODE_NAMES = {v: k for k, v in _MODES.items()}
 
