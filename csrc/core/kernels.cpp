@@ -331,12 +331,41 @@ void KeyTensor(std::string& k, const at::Tensor& t, std::vector<at::Tensor>& fla
   k += grad ? 'g' : 'n';
 }
 
-void MetaKey(const std::string& name, const std::vector<c10::IValue>& args, std::string& k,
-             std::vector<at::Tensor>& flat) {
+bool IsScalarType(const c10::TypePtr& t) {
+  if (t->kind() == c10::TypeKind::NumberType) return true;
+  if (t->kind() == c10::TypeKind::OptionalType) return IsScalarType(t->containedType(0));
+  if (t->kind() == c10::TypeKind::ListType) return IsScalarType(t->containedType(0));
+  return false;
+}
+
+// Ops whose output shape depends on Scalar values (keyed by value).
+bool ShapeFromScalars(const std::string& name) {
+  return name.rfind("aten::arange", 0) == 0 || name.rfind("aten::linspace", 0) == 0 ||
+         name.rfind("aten::logspace", 0) == 0 || name.rfind("aten::range", 0) == 0;
+}
+
+void MetaKey(const c10::FunctionSchema& schema, const std::string& name,
+             const std::vector<c10::IValue>& args, std::string& k, std::vector<at::Tensor>& flat) {
   k.reserve(256);
   k = name;
   k += '|';
-  for (const c10::IValue& v : args) {
+  bool by_value = ShapeFromScalars(name);
+  for (size_t ai = 0; ai < args.size(); ++ai) {
+    const c10::IValue& v = args[ai];
+    if (!by_value && !v.isTensor() && IsScalarType(schema.arguments()[ai].type())) {
+      // Meta results depend on a Scalar's type, not its value: a new
+      // learning rate must not miss this cache.
+      if (v.isList()) {
+        k += 'S';
+        auto l = v.toList();
+        for (size_t i = 0; i < l.size(); ++i) k += (char)l.get(i).tagKind()[0];
+        k += ']';
+      } else {
+        k += 's';
+        k += v.tagKind();
+      }
+      continue;
+    }
     if (v.isTensor()) {
       KeyTensor(k, v.toTensor(), flat);
     } else if (v.isTensorList()) {
@@ -438,7 +467,7 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   //    on the arguments' metadata and values, so it is cached per op.
   std::string key;
   std::vector<at::Tensor> flat_inputs;
-  MetaKey(name, args, key, flat_inputs);
+  MetaKey(schema, name, args, key, flat_inputs);
   std::shared_ptr<MetaResult> mr = LookupMeta(key);
   if (!mr) {
     MetaConv mc;

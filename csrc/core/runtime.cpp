@@ -1,6 +1,11 @@
 #include "runtime.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 
 #include "disk_cache.h"
 
@@ -59,6 +64,28 @@ Runtime::Runtime() {
   const Config& c = g_config;
   if (c.plugin_path.empty())
     throw pjrt::Error("torchtpu: no PJRT plugin configured (import torchtpu first)");
+  // Plugins log start-up chatter to stderr; keep import quiet unless asked
+  // (TORCHTPU_VERBOSE=1). Errors still arrive as PJRT_Error messages.
+  struct QuietStderr {
+    int saved = -1;
+    QuietStderr() {
+      const char* v = std::getenv("TORCHTPU_VERBOSE");
+      if (v && *v && *v != '0') return;
+      std::fflush(stderr);
+      saved = dup(2);
+      int devnull = open("/dev/null", O_WRONLY);
+      if (devnull >= 0) {
+        dup2(devnull, 2);
+        close(devnull);
+      }
+    }
+    ~QuietStderr() {
+      if (saved < 0) return;
+      std::fflush(stderr);
+      dup2(saved, 2);
+      close(saved);
+    }
+  } quiet;
   const pjrt::Api* api = pjrt::Api::Load(c.plugin_path);
   std::vector<pjrt::CreateOption> opts;
   if (c.plugin_name == "cpu") {

@@ -3,6 +3,8 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <thread>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -141,16 +143,54 @@ Buffer::Buffer(const Api* api, PJRT_Buffer* buf, int64_t nbytes)
   g_live_bytes += nbytes_;
 }
 
+namespace {
+// Destroying a buffer waits for the executions still reading it; a
+// background thread does it so the host never blocks on the device here.
+class Reaper {
+ public:
+  static Reaper& Get() {
+    static Reaper* r = new Reaper();  // never destroyed: runs until exit
+    return *r;
+  }
+  void Push(const Api* api, PJRT_Buffer* b) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      q_.emplace_back(api, b);
+    }
+    cv_.notify_one();
+  }
+ private:
+  Reaper() : th_([this] { Run(); }) { th_.detach(); }
+  void Run() {
+    for (;;) {
+      std::vector<std::pair<const Api*, PJRT_Buffer*>> batch;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [this] { return !q_.empty(); });
+        batch.swap(q_);
+      }
+      for (auto& [api, b] : batch) {
+        auto a = ARGS(PJRT_Buffer_Destroy);
+        a.buffer = b;
+        PJRT_Error* e = api->raw()->PJRT_Buffer_Destroy(&a);
+        if (e) {
+          try { api->Check(e, "PJRT_Buffer_Destroy"); } catch (...) {}
+        }
+      }
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::pair<const Api*, PJRT_Buffer*>> q_;
+  std::thread th_;
+};
+}  // namespace
+
 Buffer::~Buffer() {
   g_live_buffers--;
   g_live_bytes -= nbytes_;
   if (!buf_) return;
-  auto a = ARGS(PJRT_Buffer_Destroy);
-  a.buffer = buf_;
-  PJRT_Error* e = api_->raw()->PJRT_Buffer_Destroy(&a);
-  if (e) {
-    try { api_->Check(e, "PJRT_Buffer_Destroy"); } catch (...) {}
-  }
+  Reaper::Get().Push(api_, buf_);
 }
 
 int64_t Buffer::live_buffers() { return g_live_buffers.load(); }
