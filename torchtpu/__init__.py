@@ -58,6 +58,9 @@ def _register() -> None:
         torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
                                                              for_packed_sequence=True, for_storage=True)
         _C._register_kernels()
+        from . import _compile
+
+        _compile.register()
         _registered = True
         mode = _env.MODE.get()
         if mode and mode != "strict":
@@ -129,6 +132,9 @@ def metrics() -> dict:
     m["native_ops"] = dict(m["native_ops"])
     m["cpu_fallbacks"] = dict(m["cpu_fallbacks"])
     m["native_executions"] = sum(m["native_ops"].values())
+    from . import _compile
+
+    m["compile"] = _compile.metrics()
     m["mode"] = get_mode()
     return m
 

@@ -32,6 +32,7 @@ struct GNode {
   std::vector<GArg> args;
   std::vector<Type> outs;
   std::vector<int> out_ids;
+  std::vector<std::string> names;  // schema argument names
 };
 
 struct OutMeta {
@@ -135,6 +136,7 @@ std::shared_ptr<Graph> BuildGraph(const std::string& name, int num_values, std::
       node.outs.push_back(Type(EtFromCode(ot[0].cast<int64_t>()), ot[1].cast<std::vector<int64_t>>()));
     }
     node.out_ids = n[3].cast<std::vector<int>>();
+    node.names = n[4].cast<std::vector<std::string>>();
     g->nodes.push_back(std::move(node));
   }
   for (auto o : out_meta) {
@@ -179,7 +181,7 @@ std::vector<at::Tensor> RunGraph(const Graph& g, const std::vector<py::object>& 
       have[id] = true;
     }
     for (const GNode& n : g.nodes) {
-      ops::LowerCtx c{r.b(), n.op, {}, {}, n.outs, {}};
+      ops::LowerCtx c{r.b(), n.op, {}, n.names, n.outs, {}};
       for (const GArg& ga : n.args) {
         ops::Arg a = ga.proto;
         if (a.kind == ops::Arg::Tensor) {

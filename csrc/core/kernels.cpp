@@ -773,6 +773,7 @@ void RegisterNativeKernels() {
     c10::OperatorName opname("aten::" + n.substr(0, dot), dot == std::string::npos ? "" : n.substr(dot + 1));
     auto handle = c10::Dispatcher::singleton().findSchema(opname);
     if (!handle) continue;
+    if (ops::Find(full)->graph_only) continue;
     // Composite ops decompose above us (their autograd comes from the
     // decomposition); a backend kernel would bypass it. Their lowerings still
     // serve torch.compile graphs.

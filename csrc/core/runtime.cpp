@@ -117,6 +117,16 @@ pjrt::ExecutablePtr Runtime::Executable(const std::string& text) {
     }
   }
   GetMetrics().cache_misses++;
+  if (const char* dump = std::getenv("TORCHTPU_DUMP_DIR"); dump && *dump) {
+    // every newly compiled program, for debugging
+    static std::atomic<int> n{0};
+    std::string path = std::string(dump) + "/program_" + std::to_string(getpid()) + "_" +
+                       std::to_string(n++) + ".mlir";
+    if (FILE* f = std::fopen(path.c_str(), "w")) {
+      std::fwrite(text.data(), 1, text.size(), f);
+      std::fclose(f);
+    }
+  }
   static const std::string options = pjrt::DefaultCompileOptions();
   pjrt::ExecutablePtr exe;
   int64_t t0 = NowNs();

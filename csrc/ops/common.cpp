@@ -14,10 +14,10 @@ std::vector<std::string>& DuplicateLowerings() {
   return d;
 }
 
-void Register(const char* name, LowerFn fn, bool random) {
+void Register(const char* name, LowerFn fn, bool random, bool graph_only) {
   auto& r = Registry();
   if (r.count(name)) DuplicateLowerings().push_back(name);
-  r[name] = {fn, random};
+  r[name] = {fn, random, graph_only};
 }
 
 const Lowering* Find(const std::string& op) {

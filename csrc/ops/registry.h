@@ -84,12 +84,15 @@ struct Lowering {
   LowerFn fn = nullptr;
   // True if the lowering reads the rng key (random ops).
   bool random = false;
+  // Graph-only: view and factory ops in functionalized (torch.compile)
+  // graphs. Never bound as eager kernels (eager views must alias storage).
+  bool graph_only = false;
 };
 
 std::unordered_map<std::string, Lowering>& Registry();
 // Adds a lowering; a second lowering for the same op is recorded in
 // DuplicateLowerings() (a unit test keeps that list empty).
-void Register(const char* name, LowerFn fn, bool random);
+void Register(const char* name, LowerFn fn, bool random, bool graph_only = false);
 std::vector<std::string>& DuplicateLowerings();
 const Lowering* Find(const std::string& op);
 std::vector<std::string> RegisteredOps();
@@ -119,8 +122,9 @@ Value SumDims(Builder& b, Value v, const Dims& dims, bool keepdim, ET acc);
 namespace tt::ops {
 // Registers one lowering under several op names (functional, in-place, out=).
 struct MultiRegistrar {
-  MultiRegistrar(std::initializer_list<const char*> names, LowerFn fn, bool random = false) {
-    for (auto n : names) Register(n, fn, random);
+  MultiRegistrar(std::initializer_list<const char*> names, LowerFn fn, bool random = false,
+                 bool graph_only = false) {
+    for (auto n : names) Register(n, fn, random, graph_only);
   }
 };
 // Usage: TT_LOWERINGS(({"aten::add.Tensor", "aten::add_.Tensor"}), fn);
@@ -130,6 +134,11 @@ struct MultiRegistrar {
 #define TT_RANDOM_LOWERINGS(names, fn)                                                        \
   static ::tt::ops::MultiRegistrar TT_CAT(tt_mreg_, __COUNTER__)(std::initializer_list<const char*> names, \
                                                                  fn, true)
+
+// Lowerings for functionalized graphs only (views, factories): see Lowering.
+#define TT_GRAPH_LOWERINGS(names, fn)                                                         \
+  static ::tt::ops::MultiRegistrar TT_CAT(tt_mreg_, __COUNTER__)(std::initializer_list<const char*> names, \
+                                                                 fn, false, true)
 
 // torch.result_type over the given argument positions (tensors, scalars).
 ET CommonType(const LowerCtx& c, std::initializer_list<size_t> idx);

@@ -1,0 +1,193 @@
+// View, copy and factory ops as they appear in functionalized graphs
+// (torch.compile): value semantics, so a view is a reshape/transpose/slice of
+// the value. Registered graph-only: eager views alias storage instead.
+#include <algorithm>
+
+#include "../hlo/views.h"
+#include "registry.h"
+
+namespace tt::ops {
+namespace {
+
+Dims ContiguousStrides(const Dims& d) {
+  Dims s(d.size(), 1);
+  for (int i = (int)d.size() - 2; i >= 0; --i) s[i] = s[i + 1] * std::max<int64_t>(d[i + 1], 1);
+  return s;
+}
+
+// reshape-like: the output shape comes from the meta kernel
+std::vector<Value> ReshapeL(LowerCtx& c) {
+  Value x = c.t(0);
+  return {c.b.Reshape(x, c.out().dims)};
+}
+TT_GRAPH_LOWERINGS(({"aten::view", "aten::_unsafe_view", "aten::reshape", "aten::_reshape_alias",
+                     "aten::view_copy", "aten::squeeze", "aten::squeeze.dim", "aten::squeeze.dims",
+                     "aten::unsqueeze", "aten::flatten.using_ints", "aten::unflatten.int", "aten::alias",
+                     "aten::detach", "aten::clone", "aten::lift_fresh_copy", "aten::contiguous",
+                     "aten::_unsafe_view.out", "aten::view.out", "aten::alias_copy", "aten::detach_copy",
+                     "aten::squeeze_copy", "aten::unsqueeze_copy"}),
+                   ReshapeL);
+
+std::vector<Value> ToCopy(LowerCtx& c) { return {Cast(c.b, c.t(0), c.out().et)}; }
+TT_GRAPH_LOWERINGS(({"aten::_to_copy", "aten::to.dtype", "aten::_to_copy.out"}), ToCopy);
+
+std::vector<Value> Expand(LowerCtx& c) {
+  return {c.b.BroadcastTo(Cast(c.b, c.t(0), c.out().et), c.out().dims)};
+}
+TT_GRAPH_LOWERINGS(({"aten::expand", "aten::expand_copy", "aten::expand_as"}), Expand);
+
+std::vector<Value> Permute(LowerCtx& c) {
+  Value x = c.t(0);
+  Dims perm = c.ints(1);
+  for (auto& p : perm) p = NormDim(p, x.rank());
+  return {c.b.Transpose(x, perm)};
+}
+TT_GRAPH_LOWERINGS(({"aten::permute", "aten::permute_copy"}), Permute);
+
+std::vector<Value> TransposeL(LowerCtx& c) {
+  Value x = c.t(0);
+  int r = x.rank();
+  if (r < 2) return {x};
+  int64_t d0 = c.args.size() > 1 ? NormDim(c.i64(1), r) : 0, d1 = c.args.size() > 2 ? NormDim(c.i64(2), r) : 1;
+  Dims perm;
+  for (int i = 0; i < r; ++i) perm.push_back(i);
+  std::swap(perm[d0], perm[d1]);
+  return {c.b.Transpose(x, perm)};
+}
+TT_GRAPH_LOWERINGS(({"aten::t", "aten::transpose.int", "aten::t_copy", "aten::transpose_copy.int"}), TransposeL);
+
+std::vector<Value> SliceL(LowerCtx& c) {
+  Value x = c.t(0);
+  int r = x.rank();
+  int64_t dim = NormDim(c.i64_or(1, 0), r);
+  int64_t size = x.dims()[dim];
+  int64_t step = c.i64_or(4, 1);
+  int64_t start = c.has(2) ? c.i64(2) : 0;
+  if (start < 0) start += size;
+  start = std::clamp<int64_t>(start, 0, size);
+  int64_t len = c.out().dims[dim];
+  Dims st(r, 0), lim = x.dims(), strides(r, 1);
+  st[dim] = start;
+  lim[dim] = std::min(size, start + (len > 0 ? (len - 1) * step + 1 : 0));
+  if (len == 0) lim[dim] = start;
+  strides[dim] = step;
+  return {c.b.Slice(x, st, lim, strides)};
+}
+TT_GRAPH_LOWERINGS(({"aten::slice.Tensor", "aten::slice_copy.Tensor"}), SliceL);
+
+std::vector<Value> NarrowL(LowerCtx& c) {
+  Value x = c.t(0);
+  int r = x.rank();
+  int64_t dim = NormDim(c.i64(1), r);
+  int64_t start = c.i64(2);
+  if (start < 0) start += x.dims()[dim];
+  Dims st(r, 0), lim = x.dims(), strides(r, 1);
+  st[dim] = start;
+  lim[dim] = start + c.out().dims[dim];
+  return {c.b.Slice(x, st, lim, strides)};
+}
+TT_GRAPH_LOWERINGS(({"aten::narrow", "aten::narrow_copy"}), NarrowL);
+
+std::vector<Value> SelectL(LowerCtx& c) {
+  Value x = c.t(0);
+  int r = x.rank();
+  int64_t dim = NormDim(c.i64(1), r);
+  int64_t idx = c.i64(2);
+  if (idx < 0) idx += x.dims()[dim];
+  Dims st(r, 0), lim = x.dims(), strides(r, 1);
+  st[dim] = idx;
+  lim[dim] = idx + 1;
+  return {c.b.Reshape(c.b.Slice(x, st, lim, strides), c.out().dims)};
+}
+TT_GRAPH_LOWERINGS(({"aten::select.int", "aten::select_copy.int"}), SelectL);
+
+// split / split_with_sizes / unbind / chunk: consecutive slices along dim
+std::vector<Value> SplitL(LowerCtx& c) {
+  Value x = c.t(0);
+  int r = x.rank();
+  bool unbind = c.op.find("unbind") != std::string::npos;
+  int64_t dim = NormDim(unbind ? c.i64_or(1, 0) : c.i64_or(2, 0), r);
+  std::vector<Value> out;
+  int64_t pos = 0;
+  for (size_t k = 0; k < c.outs.size(); ++k) {
+    const Type& ot = c.out(k);
+    int64_t len = unbind ? 1 : ot.dims[dim];
+    Dims st(r, 0), lim = x.dims(), strides(r, 1);
+    st[dim] = pos;
+    lim[dim] = pos + len;
+    out.push_back(c.b.Reshape(c.b.Slice(x, st, lim, strides), ot.dims));
+    pos += len;
+  }
+  return out;
+}
+TT_GRAPH_LOWERINGS(({"aten::split.Tensor", "aten::split_with_sizes", "aten::unbind.int", "aten::chunk",
+                     "aten::split_copy.Tensor", "aten::split_with_sizes_copy", "aten::unbind_copy.int",
+                     "aten::tensor_split.sections"}),
+                   SplitL);
+
+// as_strided over the (contiguous) value of its input
+std::vector<Value> AsStridedL(LowerCtx& c) {
+  Value x = c.t(0);
+  Value flat = c.b.Reshape(x, {x.type.numel()});
+  hlo::ViewSpec s;
+  s.sizes = c.ints(1);
+  s.strides = c.ints(2);
+  s.offset = c.has(3) ? c.i64(3) : 0;
+  return {hlo::ReadView(c.b, flat, s)};
+}
+TT_GRAPH_LOWERINGS(({"aten::as_strided", "aten::as_strided_copy"}), AsStridedL);
+
+std::vector<Value> DiagonalL(LowerCtx& c) {
+  Value x = c.t(0);
+  int r = x.rank();
+  int64_t off = c.i64_or(1, 0);
+  int64_t d1 = NormDim(c.i64_or(2, 0), r), d2 = NormDim(c.i64_or(3, 1), r);
+  Dims cs = ContiguousStrides(x.dims());
+  hlo::ViewSpec s;
+  for (int i = 0; i < r; ++i)
+    if (i != d1 && i != d2) {
+      s.sizes.push_back(x.dims()[i]);
+      s.strides.push_back(cs[i]);
+    }
+  int64_t n = c.out().dims.back();
+  s.sizes.push_back(n);
+  s.strides.push_back(cs[d1] + cs[d2]);
+  s.offset = n == 0 ? 0 : (off >= 0 ? off * cs[d2] : -off * cs[d1]);
+  return {hlo::ReadView(c.b, c.b.Reshape(x, {x.type.numel()}), s)};
+}
+TT_GRAPH_LOWERINGS(({"aten::diagonal", "aten::diagonal_copy"}), DiagonalL);
+
+std::vector<Value> ViewDtype(LowerCtx& c) {
+  Value x = c.t(0);
+  const Type& ot = c.out();
+  if (hlo::ETBytes(x.et()) == hlo::ETBytes(ot.et) && x.et() != ET::PRED && ot.et != ET::PRED)
+    return {c.b.BitcastConvert(x, ot)};
+  Value flat = hlo::FlatBitcast(c.b, c.b.Reshape(x, {x.type.numel()}), ot.et);
+  return {c.b.Reshape(flat, ot.dims)};
+}
+TT_GRAPH_LOWERINGS(({"aten::view.dtype"}), ViewDtype);
+
+// copy(self, src): src broadcast into self's shape and dtype
+std::vector<Value> CopyL(LowerCtx& c) { return {Bcast(c.b, c.t(1), c.out().dims, c.out().et)}; }
+TT_GRAPH_LOWERINGS(({"aten::copy"}), CopyL);
+
+// factories
+std::vector<Value> ZerosL(LowerCtx& c) { return {c.b.Zeros(c.out())}; }
+TT_GRAPH_LOWERINGS(({"aten::empty.memory_format", "aten::empty_strided", "aten::zeros", "aten::new_zeros",
+                     "aten::new_empty", "aten::new_empty_strided", "aten::empty_like", "aten::zeros_like"}),
+                   ZerosL);
+std::vector<Value> OnesL(LowerCtx& c) { return {c.b.Splat(c.out(), 1.0)}; }
+TT_GRAPH_LOWERINGS(({"aten::ones", "aten::new_ones", "aten::ones_like"}), OnesL);
+
+// full(size, fill_value) / full_like(self, fill_value) / new_full(self, size, fill_value)
+std::vector<Value> FullL(LowerCtx& c) {
+  size_t vi = c.op == "aten::new_full" ? 2 : 1;
+  return {Bcast(c.b, c.t(vi), c.out().dims, c.out().et)};
+}
+TT_GRAPH_LOWERINGS(({"aten::full", "aten::full_like", "aten::new_full"}), FullL);
+
+std::vector<Value> ScalarTensorL(LowerCtx& c) { return {Cast(c.b, c.t(0), c.out().et)}; }
+TT_GRAPH_LOWERINGS(({"aten::scalar_tensor"}), ScalarTensorL);
+
+}  // namespace
+}  // namespace tt::ops

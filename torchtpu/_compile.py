@@ -1,0 +1,260 @@
+"""torch.compile(backend="tpu"): ATen FX graphs lowered to StableHLO.
+
+Dynamo captures the graph, AOTAutograd produces functionalized forward and
+backward ATen graphs, and each graph is handed to the C++ core, which replays
+it through the same lowering registry as eager ops into ONE StableHLO program
+(compiled once, then a cache hit on every call; persistent across restarts
+through the on-disk cache). Input mutations stay in the graph and become
+writes into the input's storage, donated in place.
+"""
+from __future__ import annotations
+
+import operator
+import warnings
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+
+_ET = {torch.bool: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.uint8: 5,
+       torch.uint16: 6, torch.uint32: 7, torch.uint64: 8, torch.float16: 9, torch.bfloat16: 10,
+       torch.float32: 11, torch.float64: 12, torch.complex64: 13, torch.complex128: 14,
+       torch.float8_e4m3fn: 15, torch.float8_e5m2: 16, torch.float8_e8m0fnu: 17}
+
+stats = {"graphs_compiled": 0, "graph_fallbacks": 0, "graph_calls": 0}
+_fallback_reasons: dict[str, int] = {}
+
+
+class Unsupported(Exception):
+    pass
+
+
+def op_name(target: OpOverload) -> str:
+    name = target._schema.name
+    ov = target._overloadname
+    return name if ov == "default" else f"{name}.{ov}"
+
+
+def _et(dtype: torch.dtype) -> int:
+    if dtype not in _ET:
+        raise Unsupported(f"dtype {dtype}")
+    return _ET[dtype]
+
+
+def _is_symbolic(x) -> bool:
+    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(x, torch.Tensor):
+        return any(isinstance(s, torch.SymInt) for s in list(x.shape) + list(x.stride()))
+    return False
+
+
+class _Lowerer:
+    def __init__(self, gm: torch.fx.GraphModule):
+        self.gm = gm
+        self.next = 0
+        self.ids: dict[torch.fx.Node, Any] = {}
+
+    def new(self) -> int:
+        self.next += 1
+        return self.next - 1
+
+    def tensor_id(self, a) -> int:
+        if not isinstance(a, torch.fx.Node):
+            raise Unsupported(f"non-node tensor argument {type(a)}")
+        v = self.ids[a]
+        if isinstance(v, (tuple, list)):
+            raise Unsupported("tuple used as a tensor")
+        return v
+
+    def arg_spec(self, typ, a):
+        k = typ.kind()
+        if k == "OptionalType":
+            if a is None:
+                return ("n",)
+            return self.arg_spec(typ.getElementType(), a)
+        if a is None:
+            return ("n",)
+        if k == "TensorType":
+            return ("t", self.tensor_id(a))
+        if k == "ListType":
+            el = typ.getElementType()
+            ek = el.kind()
+            if ek == "TensorType":
+                return ("tl", [self.tensor_id(x) for x in a])
+            if ek == "OptionalType" and el.getElementType().kind() == "TensorType":
+                return ("otl", [-1 if x is None else self.tensor_id(x) for x in a])
+            if ek in ("IntType", "SymIntType"):
+                if any(isinstance(x, torch.fx.Node) or _is_symbolic(x) for x in a):
+                    raise Unsupported("symbolic int list")
+                return ("il", [int(x) for x in a])
+            if ek == "FloatType":
+                return ("fl", [float(x) for x in a])
+            if ek == "BoolType":
+                return ("bl", [bool(x) for x in a])
+            raise Unsupported(f"list of {ek}")
+        if isinstance(a, torch.fx.Node) or _is_symbolic(a):
+            raise Unsupported(f"symbolic {k} argument")
+        if k in ("IntType", "SymIntType"):
+            return ("i", int(a))
+        if k == "FloatType":
+            return ("f", float(a))
+        if k == "BoolType":
+            return ("b", bool(a))
+        if k == "NumberType":
+            if isinstance(a, bool):
+                return ("s", a, "b")
+            if isinstance(a, int):
+                return ("s", a, "i")
+            if isinstance(a, complex):
+                raise Unsupported("complex scalar")
+            return ("s", float(a), "f")
+        if k == "StringType":
+            return ("str", str(a))
+        if k == "ScalarTypeType":
+            return ("dt", _et(a))
+        return ("n",)  # Layout, Device, MemoryFormat, Generator: not needed by lowerings
+
+    def run(self):
+        from . import _C
+
+        g = self.gm.graph
+        input_ids, nodes, outputs, out_meta, mutations = [], [], [], [], []
+        placeholders = [n for n in g.nodes if n.op == "placeholder"]
+        for n in placeholders:
+            val = n.meta.get("val")
+            if _is_symbolic(val):
+                raise Unsupported("dynamic shapes")
+            i = self.new()
+            self.ids[n] = i
+            input_ids.append(i)
+        ph_index = {n: k for k, n in enumerate(placeholders)}
+        for n in g.nodes:
+            if n.op == "call_function":
+                if n.target is operator.getitem:
+                    self.ids[n] = self.ids[n.args[0]][n.args[1]]
+                    continue
+                if not isinstance(n.target, OpOverload):
+                    raise Unsupported(f"call to {n.target}")
+                name = op_name(n.target)
+                schema = n.target._schema
+                if name == "aten::copy_.default" or name == "aten::copy_":
+                    dst, src = n.args[0], n.args[1]
+                    if dst in ph_index:
+                        src_id = self.tensor_id(src)
+                        dv, sv = dst.meta["val"], src.meta["val"]
+                        if tuple(dv.shape) != tuple(sv.shape) or dv.dtype != sv.dtype:
+                            raise Unsupported("copy_ into an input with a different shape/dtype")
+                        mutations.append((ph_index[dst], src_id))
+                        self.ids[n] = self.ids[dst]
+                        continue
+                if not _C._has_lowering(name):
+                    raise Unsupported(f"no lowering for {name}")
+                specs = []
+                for k, sa in enumerate(schema.arguments):
+                    if k < len(n.args):
+                        a = n.args[k]
+                    elif sa.name in n.kwargs:
+                        a = n.kwargs[sa.name]
+                    elif sa.has_default_value():
+                        a = sa.default_value
+                    else:
+                        a = None
+                    specs.append(self.arg_spec(sa.type, a))
+                val = n.meta.get("val")
+                vals = list(val) if isinstance(val, (tuple, list)) else [val]
+                outs, out_ids = [], []
+                for v in vals:
+                    if isinstance(v, torch.Tensor):
+                        if _is_symbolic(v):
+                            raise Unsupported("dynamic shapes")
+                        outs.append((_et(v.dtype), list(v.shape)))
+                        out_ids.append(self.new())
+                    else:
+                        outs.append((_ET[torch.float32], []))
+                        out_ids.append(-1)
+                nodes.append((name, specs, outs, out_ids, [sa.name for sa in schema.arguments]))
+                self.ids[n] = tuple(out_ids) if isinstance(val, (tuple, list)) else out_ids[0]
+            elif n.op == "output":
+                for o in n.args[0]:
+                    if o is None or not isinstance(o, torch.fx.Node):
+                        raise Unsupported("non-tensor graph output")
+                    v = o.meta.get("val")
+                    if not isinstance(v, torch.Tensor):
+                        raise Unsupported("non-tensor graph output")
+                    outputs.append(self.tensor_id(o))
+                    out_meta.append((_et(v.dtype), list(v.shape), list(v.stride())))
+            elif n.op in ("placeholder",):
+                continue
+            elif n.op == "get_attr":
+                raise Unsupported("get_attr (constants)")
+            else:
+                raise Unsupported(f"node kind {n.op}")
+        return _C._build_graph(str(id(self.gm)), self.next, input_ids, nodes, outputs, out_meta, mutations)
+
+
+def _graph_compiler(gm: torch.fx.GraphModule, example_inputs):
+    from functorch.compile import make_boxed_func
+
+    from . import _C
+
+    try:
+        graph = _Lowerer(gm).run()
+    except Unsupported as e:
+        reason = str(e)
+        stats["graph_fallbacks"] += 1
+        _fallback_reasons[reason] = _fallback_reasons.get(reason, 0) + 1
+        warnings.warn(f"torchtpu.compile: running this graph eagerly ({reason})")
+        return make_boxed_func(gm.forward)
+    stats["graphs_compiled"] += 1
+    returns_list = True
+
+    def run(args):
+        stats["graph_calls"] += 1
+        out = _C._run_graph(graph, list(args))
+        args.clear()
+        return out if returns_list else out[0]
+
+    run._boxed_call = True
+    return run
+
+
+def _decompositions():
+    from torch._decomp import core_aten_decompositions
+
+    from . import _C
+
+    table = {}
+    for op, fn in core_aten_decompositions().items():
+        if isinstance(op, OpOverload) and _C._has_lowering(op_name(op)):
+            continue
+        table[op] = fn
+    return table
+
+
+_backend = None
+
+
+def backend(gm, example_inputs, **kwargs):
+    """The Dynamo backend registered as "tpu"."""
+    global _backend
+    if _backend is None:
+        from torch._dynamo.backends.common import aot_autograd
+
+        _backend = aot_autograd(fw_compiler=_graph_compiler, bw_compiler=_graph_compiler,
+                                decompositions=_decompositions(), keep_inference_input_mutations=True)
+    return _backend(gm, example_inputs, **kwargs)
+
+
+def register() -> None:
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if "tpu" not in _BACKENDS:
+        register_backend(name="tpu")(backend)
+
+
+def metrics() -> dict:
+    from torch._dynamo.utils import counters
+
+    return {**stats, "graph_fallback_reasons": dict(_fallback_reasons),
+            "graph_breaks": sum(counters["graph_break"].values())}
