@@ -480,7 +480,7 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&CpuFallback>());
 }
 
-TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
+// AutocastPrivateUse1: see autocast.cpp.
 
 // Registers the generic native kernel for every op in the lowering registry
 // (called once at import, after all lowerings have registered).
