@@ -273,13 +273,23 @@ class Stream(torch.Stream):
         pass
 
 
-class Event(torch.Event):
-    def __new__(cls, enable_timing=False, blocking=False, interprocess=False):
-        return super().__new__(cls, device="tpu", enable_timing=enable_timing, blocking=blocking,
-                               interprocess=interprocess)
+class _EventMeta(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, torch.Event) and obj.device.type == "tpu"
 
-    def __init__(self, *args, **kwargs):
-        pass
+
+class Event(metaclass=_EventMeta):
+    """A tpu event: ``torch.tpu.Event(enable_timing=True)``.
+
+    Returns a plain ``torch.Event`` on the tpu device: torch's C++
+    ``Event.elapsed_time`` requires its argument to be exactly a torch.Event,
+    so a Python subclass could not be timed against another event.
+    ``isinstance(e, torch.tpu.Event)`` holds for every tpu torch.Event.
+    """
+
+    def __new__(cls, enable_timing=False, blocking=False, interprocess=False):
+        return torch.Event(device="tpu", enable_timing=enable_timing, blocking=blocking,
+                           interprocess=interprocess)
 
 
 def current_stream(device=None) -> torch.Stream:

@@ -36,9 +36,20 @@ using hlo::Value;
 static const c10::DispatchKeySet kTpuKeys(c10::DispatchKey::PrivateUse1);
 
 // ---------------------------------------------------------------- creation
+// Factories receive the requested device; this process drives one device,
+// exposed as index 0 (the dispatcher adds no device guard for us).
+static void CheckDevice(const std::optional<c10::Device>& device) {
+  if (!device.has_value() || device->type() != c10::DeviceType::PrivateUse1) return;
+  TORCH_CHECK(!device->has_index() || device->index() == 0, "torchtpu: invalid device ", *device,
+              ": this process drives one tpu device, so the valid range of device indices is [0, 0] "
+              "(choose the physical device with TORCHTPU_VISIBLE_DEVICES or torch.tpu.set_device "
+              "before first use)");
+}
+
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> pin, std::optional<c10::MemoryFormat> mf) {
+  CheckDevice(device);
   c10::ScalarType st = c10::dtype_or_default(dtype);
   ToET(st);  // rejects unsupported dtypes by name
   return at::detail::empty_generic(size, GetAllocator(), kTpuKeys, st, mf);
@@ -47,6 +58,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
 at::Tensor empty_strided_tpu(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
                          std::optional<c10::Device> device, std::optional<bool> pin) {
+  CheckDevice(device);
   c10::ScalarType st = c10::dtype_or_default(dtype);
   ToET(st);
   return at::detail::empty_strided_generic(size, stride, GetAllocator(), kTpuKeys, st);
@@ -59,8 +71,8 @@ static void EnsureStorageBytes(const at::Tensor& self, int64_t need) {
   TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
   StatePtr st = GetState(impl);
   int64_t old = st->nbytes;
+  GetAllocator()->Resized(old, need);  // may throw OutOfMemoryError
   st->nbytes = need;
-  GetAllocator()->Resized(old, need);
   impl->set_nbytes(need);
 }
 

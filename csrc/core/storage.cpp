@@ -73,7 +73,16 @@ void TpuAllocator::copy_data(void* dest, const void* src, std::size_t count) con
   (void)count;
 }
 
-void TpuAllocator::Resized(int64_t old_bytes, int64_t new_bytes) { Account(new_bytes - old_bytes); }
+void TpuAllocator::Resized(int64_t old_bytes, int64_t new_bytes) {
+  int64_t limit = GetConfig().memory_limit;
+  int64_t grow = new_bytes - old_bytes;
+  if (grow > 0 && limit > 0 && g_allocated.load() + grow > limit) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "tpu out of memory: tried to grow a storage from ",
+                     Human(old_bytes), " to ", Human(new_bytes), "; ", Human(g_allocated.load()),
+                     " already allocated; limit ", Human(limit), " (TORCHTPU_MEMORY_LIMIT)");
+  }
+  Account(grow);
+}
 
 c10::CachingDeviceAllocator::DeviceStats TpuAllocator::getDeviceStats(c10::DeviceIndex) {
   c10::CachingDeviceAllocator::DeviceStats s;
