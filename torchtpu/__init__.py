@@ -58,6 +58,8 @@ def _register() -> None:
         torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
                                                              for_packed_sequence=True, for_storage=True)
         _C._register_kernels()
+        # XLA devices compute in bfloat16 natively: make it autocast's default.
+        torch.set_autocast_dtype("tpu", torch.bfloat16)
         _registered = True
         mode = _env.MODE.get()
         if mode and mode != "strict":

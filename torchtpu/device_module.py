@@ -241,7 +241,7 @@ def reset_max_memory_allocated(device=None) -> None:
 
 
 def reset_accumulated_memory_stats(device=None) -> None:
-    pass
+    torch.accelerator.reset_accumulated_memory_stats(torch.device("tpu", 0))
 
 
 def mem_get_info(device=None) -> tuple[int, int]:
@@ -297,8 +297,8 @@ def current_stream(device=None) -> torch.Stream:
 
 
 def default_stream(device=None) -> torch.Stream:
-    s = torch._C._get_accelerator()  # noqa: F841
-    return torch.Stream(device="tpu", priority=0) if False else current_stream()
+    cur = current_stream()
+    return torch.Stream(stream_id=0, device_index=cur.device_index, device_type=cur.device_type)
 
 
 def set_stream(stream) -> None:
@@ -331,6 +331,7 @@ __all__ = [
     "is_bf16_supported", "get_amp_supported_dtype", "manual_seed", "manual_seed_all", "seed", "seed_all",
     "initial_seed", "get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all",
     "memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-    "reset_peak_memory_stats", "mem_get_info", "empty_cache", "memory_summary", "Stream", "Event",
+    "reset_peak_memory_stats", "reset_max_memory_allocated", "reset_accumulated_memory_stats",
+    "mem_get_info", "empty_cache", "memory_summary", "Stream", "Event",
     "current_stream", "default_stream", "set_stream", "stream",
 ]
