@@ -39,7 +39,8 @@ def _configure() -> None:
     if _plugin_kind == "cpu":
         count = max(count, index + 1)
     _C._configure(_plugin_path or "", _plugin_kind or "", count, index,
-                  _env.parse_bytes(_env.MEMORY_LIMIT.get()), _env.CACHE_DIR.get(), __version__)
+                  _env.parse_bytes(_env.MEMORY_LIMIT.get()), _env.CACHE_DIR.get(), __version__,
+                  str(_plugin_error) if _plugin_error is not None else "")
 
 
 _requested_index = 0

@@ -207,7 +207,7 @@ def memory_stats(device=None) -> dict[str, Any]:
         "reserved_bytes.all.peak": s["peak_allocated_bytes"],
         "active_bytes.all.current": s["allocated_bytes"],
         "num_alloc_retries": 0,
-        "num_ooms": 0,
+        "num_ooms": s["num_ooms"],
         "allocation.all.current": s["live_storages"],
         "allocation.all.allocated": s["num_allocs"],
         "allocation.all.freed": s["num_frees"],
