@@ -3,6 +3,10 @@ import subprocess
 import sys
 import warnings
 
+# Import torchtpu explicitly from this checkout: an installed torchtpu's
+# torch.backends entry point (possibly another version) must not load first.
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+
 import pytest
 import torch
 
@@ -18,6 +22,7 @@ def run_py(code: str, env: dict | None = None, timeout: int = 60) -> subprocess.
     e = dict(os.environ)
     e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
     e.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    e["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     if env:
         for k, v in env.items():
             if v is None:

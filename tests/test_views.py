@@ -177,15 +177,35 @@ def test_copy_from_transposed_and_overlapping_source():
     same(t.view(-1).as_strided((5, 4), (2, 1)), c.view(-1).as_strided((5, 4), (2, 1)))
 
 
-def test_self_overlapping_copy_between_views_of_same_storage():
+OVERLAP_ERR = "refers? to a single memory location"
+
+
+def test_overlapping_writes_error_like_cpu():
+    for x in (base(10)[0], base(10)[1]):
+        with pytest.raises(RuntimeError, match=OVERLAP_ERR):
+            x[2:8].copy_(x[0:6])  # partial overlap of source and destination
+        with pytest.raises(RuntimeError, match=OVERLAP_ERR):
+            torch.add(x[:-1], 1, out=x[1:])
+        with pytest.raises(RuntimeError, match=OVERLAP_ERR):
+            x[:2].expand(3, 2).add_(1)  # written-to elements alias each other
+        with pytest.raises(RuntimeError, match=OVERLAP_ERR):
+            x.view(2, 5)[:, :1].expand(2, 3).copy_(torch.zeros(2, 3))
+    for x in (base(4, 4)[0], base(4, 4)[1]):
+        with pytest.raises(RuntimeError, match=OVERLAP_ERR):
+            x.copy_(x.t())
+    # allowed on CPU: full overlap, and fill_/zero_ of expanded views
     c, t = base(10)
-    c[2:8].copy_(c[0:6].clone())
-    t[2:8].copy_(t[0:6])  # same storage: source must be read before the write
+    for x in (c, t):
+        torch.add(x, 1, out=x)
+        x.mul_(x)
+        x[:1].expand(4).zero_()
+        x.unfold(0, 4, 2).fill_(3)
+        x[5:].copy_(x[5:])
     same(t, c)
-    c2, t2 = base(4, 4)
-    c2.copy_(c2.t().clone())
-    t2.copy_(t2.t())
-    same(t2, c2)
+    c, t = base(3, 4)
+    c[1:].copy_(c[:-1].clone())
+    t[1:].copy_(t[:-1].clone())
+    same(t, c)
 
 
 def test_reads_of_overlapping_views_after_writes():

@@ -1,6 +1,7 @@
 // ATen kernels for the tpu device: tensor creation, views, copies, and the
 // generic native kernel that runs any op found in the lowering registry.
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
@@ -154,6 +155,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     dst.copy_(host);
     return dst;
   }
+  // Same memory-overlap rules as CPU's copy_: a destination whose elements
+  // alias each other (expand) is ambiguous, and so is a source that partly
+  // overlaps the destination.
+  at::assert_no_internal_overlap(dst);
+  if (IsTpu(self)) at::assert_no_partial_overlap(dst, self);
   std::lock_guard<std::recursive_mutex> g(Region::Lock());
   Region& r = Region::Current();
   if (!IsTpu(self)) {
@@ -311,6 +317,32 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
       if (v.isTensor() && v.toTensor().defined()) outs.push_back(v.toTensor());
       else if (v.isTensorList())
         for (const at::Tensor& t : v.toTensorVector()) outs.push_back(t);
+    }
+  }
+
+  // Memory overlap, as CPU's TensorIterator checks it: a written argument
+  // must not alias itself (expanded views) nor partly overlap an input.
+  {
+    std::vector<const at::Tensor*> inputs;
+    for (auto& a : args) {
+      if (a.isTensor() && a.toTensor().defined() && IsTpu(a.toTensor())) inputs.push_back(&a.toTensor());
+    }
+    static const std::unordered_set<std::string> kMatmul = {"aten::mm", "aten::addmm", "aten::bmm",
+        "aten::baddbmm", "aten::addmv", "aten::mv", "aten::dot", "aten::matmul", "aten::addbmm"};
+    // fill_/zero_ write one value: CPU allows expanded (self-aliasing) outputs.
+    static const std::unordered_set<std::string> kFill = {"aten::fill_", "aten::zero_"};
+    bool check_internal = !kFill.count(schema.name());
+    bool check_partial = !kMatmul.count(schema.name());
+    for (auto& kv : mc.meta_to_real) {
+      const at::Tensor& real = kv.second;
+      bool written = false;
+      for (auto& o : outs)
+        if (o.unsafeGetTensorImpl() == real.unsafeGetTensorImpl()) written = true;
+      if (!written || real.numel() == 0) continue;
+      if (check_internal) at::assert_no_internal_overlap(real);
+      if (!check_partial) continue;
+      for (const at::Tensor* in : inputs)
+        if (in->unsafeGetTensorImpl() != real.unsafeGetTensorImpl()) at::assert_no_partial_overlap(real, *in);
     }
   }
 
