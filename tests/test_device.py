@@ -397,6 +397,11 @@ def test_pin_memory():
     y = torch.randn(8).pin_memory()
     assert y.is_pinned() and y[2:].is_pinned()
     assert not torch.randn(8).is_pinned()
+    assert not torch.ones(2, device=DEV).is_pinned()
+    with pytest.raises(RuntimeError, match="pinned"):
+        torch.empty(2, device=DEV, pin_memory=True)
+    with pytest.raises(RuntimeError, match="pinned|pin"):
+        torch.ones(2, device=DEV).pin_memory()
     t = y.to(DEV, non_blocking=True)
     torch.testing.assert_close(t.cpu(), y)
 

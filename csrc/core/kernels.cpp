@@ -51,6 +51,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> pin, std::optional<c10::MemoryFormat> mf) {
   CheckDevice(device);
+  TORCH_CHECK(!pin.value_or(false), "Only dense CPU tensors can be pinned (got pin_memory=True for a tpu tensor)");
   c10::ScalarType st = c10::dtype_or_default(dtype);
   ToET(st);  // rejects unsupported dtypes by name
   return at::detail::empty_generic(size, GetAllocator(), kTpuKeys, st, mf);
@@ -60,6 +61,7 @@ at::Tensor empty_strided_tpu(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
                          std::optional<c10::Device> device, std::optional<bool> pin) {
   CheckDevice(device);
+  TORCH_CHECK(!pin.value_or(false), "Only dense CPU tensors can be pinned (got pin_memory=True for a tpu tensor)");
   c10::ScalarType st = c10::dtype_or_default(dtype);
   ToET(st);
   return at::detail::empty_strided_generic(size, stride, GetAllocator(), kTpuKeys, st);
