@@ -407,3 +407,23 @@ def test_contiguous_of_views():
         same(rt, rc)
         assert rt.is_contiguous()
     assert t.contiguous() is t
+
+
+@pytest.mark.parametrize("mode", ["debug", "defer_and_fuse"])
+def test_aliasing_in_other_modes(mode):
+    import torchtpu
+
+    with torchtpu.mode(mode):
+        for sname in ("transposed", "strided_2d", "diagonal", "permuted3d"):
+            for oname in ("add_", "fill_", "copy_", "mul_"):
+                test_inplace_through_view(sname, oname)
+        test_version_counters_match_cpu()
+        test_view_dtype_write_through()
+        c, t = base(4, 4)
+        # a chain of writes and reads recorded into one region
+        for x in (c, t):
+            x.t()[1:].add_(1)
+            x.view(-1)[::3].mul_(2)
+            y = x[1:3] + x[2:4]
+            x[0].copy_(y[0])
+        same(t, c)
