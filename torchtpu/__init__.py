@@ -39,7 +39,8 @@ def _configure() -> None:
     if _plugin_kind == "cpu":
         count = max(count, index + 1)
     _C._configure(_plugin_path or "", _plugin_kind or "", count, index,
-                  _env.parse_bytes(_env.MEMORY_LIMIT.get()), _env.cache_dir(), __version__)
+                  _env.parse_bytes(_env.MEMORY_LIMIT.get()), _env.cache_dir(), __version__,
+                  str(_plugin_error) if _plugin_error is not None else "")
 
 
 _requested_index = 0
@@ -58,6 +59,8 @@ def _register() -> None:
         torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
                                                              for_packed_sequence=True, for_storage=True)
         _C._register_kernels()
+        # XLA devices compute in bfloat16 natively: make it autocast's default.
+        torch.set_autocast_dtype("tpu", torch.bfloat16)
         from . import _compile
 
         _compile.register()

@@ -207,7 +207,7 @@ def memory_stats(device=None) -> dict[str, Any]:
         "reserved_bytes.all.peak": s["peak_allocated_bytes"],
         "active_bytes.all.current": s["allocated_bytes"],
         "num_alloc_retries": 0,
-        "num_ooms": 0,
+        "num_ooms": s["num_ooms"],
         "allocation.all.current": s["live_storages"],
         "allocation.all.allocated": s["num_allocs"],
         "allocation.all.freed": s["num_frees"],
@@ -241,7 +241,7 @@ def reset_max_memory_allocated(device=None) -> None:
 
 
 def reset_accumulated_memory_stats(device=None) -> None:
-    pass
+    torch.accelerator.reset_accumulated_memory_stats(torch.device("tpu", 0))
 
 
 def mem_get_info(device=None) -> tuple[int, int]:
@@ -273,13 +273,23 @@ class Stream(torch.Stream):
         pass
 
 
-class Event(torch.Event):
-    def __new__(cls, enable_timing=False, blocking=False, interprocess=False):
-        return super().__new__(cls, device="tpu", enable_timing=enable_timing, blocking=blocking,
-                               interprocess=interprocess)
+class _EventMeta(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, torch.Event) and obj.device.type == "tpu"
 
-    def __init__(self, *args, **kwargs):
-        pass
+
+class Event(metaclass=_EventMeta):
+    """A tpu event: ``torch.tpu.Event(enable_timing=True)``.
+
+    Returns a plain ``torch.Event`` on the tpu device: torch's C++
+    ``Event.elapsed_time`` requires its argument to be exactly a torch.Event,
+    so a Python subclass could not be timed against another event.
+    ``isinstance(e, torch.tpu.Event)`` holds for every tpu torch.Event.
+    """
+
+    def __new__(cls, enable_timing=False, blocking=False, interprocess=False):
+        return torch.Event(device="tpu", enable_timing=enable_timing, blocking=blocking,
+                           interprocess=interprocess)
 
 
 def current_stream(device=None) -> torch.Stream:
@@ -287,8 +297,8 @@ def current_stream(device=None) -> torch.Stream:
 
 
 def default_stream(device=None) -> torch.Stream:
-    s = torch._C._get_accelerator()  # noqa: F841
-    return torch.Stream(device="tpu", priority=0) if False else current_stream()
+    cur = current_stream()
+    return torch.Stream(stream_id=0, device_index=cur.device_index, device_type=cur.device_type)
 
 
 def set_stream(stream) -> None:
@@ -321,6 +331,7 @@ __all__ = [
     "is_bf16_supported", "get_amp_supported_dtype", "manual_seed", "manual_seed_all", "seed", "seed_all",
     "initial_seed", "get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all",
     "memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-    "reset_peak_memory_stats", "mem_get_info", "empty_cache", "memory_summary", "Stream", "Event",
+    "reset_peak_memory_stats", "reset_max_memory_allocated", "reset_accumulated_memory_stats",
+    "mem_get_info", "empty_cache", "memory_summary", "Stream", "Event",
     "current_stream", "default_stream", "set_stream", "stream",
 ]

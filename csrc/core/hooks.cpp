@@ -6,6 +6,10 @@
 
 #include <ATen/ops/empty.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+
+#include <map>
+#include <mutex>
 
 #include "events.h"
 #include "executor.h"
@@ -67,6 +71,57 @@ const at::Generator& DefaultGenerator(c10::DeviceIndex idx) {
   return g;
 }
 
+// ---------------------------------------------------------------- pinned host memory
+// Host memory handed out for pin_memory=True. PJRT copies from any host
+// memory, so "pinned" buffers are ordinary allocations that we remember, so
+// that Tensor.is_pinned() answers truthfully. Never takes the GIL.
+namespace {
+std::mutex g_pinned_mu;
+std::map<uintptr_t, size_t>& PinnedMap() {
+  static auto* m = new std::map<uintptr_t, size_t>();
+  return *m;
+}
+
+void FreePinned(void* p) {
+  if (!p) return;
+  {
+    std::lock_guard<std::mutex> g(g_pinned_mu);
+    PinnedMap().erase((uintptr_t)p);
+  }
+  c10::free_cpu(p);
+}
+
+bool IsPinned(const void* p) {
+  if (!p) return false;
+  std::lock_guard<std::mutex> g(g_pinned_mu);
+  auto& m = PinnedMap();
+  auto it = m.upper_bound((uintptr_t)p);
+  if (it == m.begin()) return false;
+  --it;
+  return (uintptr_t)p < it->first + std::max<size_t>(it->second, 1);
+}
+
+struct TpuPinnedAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    void* p = c10::alloc_cpu(std::max<size_t>(n, 1));
+    {
+      std::lock_guard<std::mutex> g(g_pinned_mu);
+      PinnedMap()[(uintptr_t)p] = n;
+    }
+    return c10::DataPtr(p, p, &FreePinned, c10::Device(c10::DeviceType::CPU));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &FreePinned; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+at::Allocator* PinnedAllocator() {
+  static TpuPinnedAllocator a;
+  return &a;
+}
+}  // namespace
+
 // ---------------------------------------------------------------- hooks
 struct TpuHooks final : public at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
@@ -80,8 +135,8 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
   at::Device getDeviceFromPtr(void*) const override {
     return at::Device(c10::DeviceType::PrivateUse1, 0);
   }
-  bool isPinnedPtr(const void*) const override { return false; }
-  at::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  bool isPinnedPtr(const void* p) const override { return IsPinned(p); }
+  at::Allocator* getPinnedMemoryAllocator() const override { return PinnedAllocator(); }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return Started(); }
   c10::DeviceIndex deviceCount() const override { return 1; }
   void setCurrentDevice(c10::DeviceIndex d) const override {
@@ -98,8 +153,8 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
     c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
     StatePtr st = GetState(impl);
     int64_t old = st->nbytes;
+    GetAllocator()->Resized(old, (int64_t)newsize);  // may throw OutOfMemoryError
     st->nbytes = (int64_t)newsize;
-    GetAllocator()->Resized(old, (int64_t)newsize);
     impl->set_nbytes(newsize);
   }
   void init() const override {}

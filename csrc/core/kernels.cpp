@@ -1,6 +1,7 @@
 // ATen kernels for the tpu device: tensor creation, views, copies, and the
 // generic native kernel that runs any op found in the lowering registry.
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
@@ -37,9 +38,21 @@ using hlo::Value;
 static const c10::DispatchKeySet kTpuKeys(c10::DispatchKey::PrivateUse1);
 
 // ---------------------------------------------------------------- creation
+// Factories receive the requested device; this process drives one device,
+// exposed as index 0 (the dispatcher adds no device guard for us).
+static void CheckDevice(const std::optional<c10::Device>& device) {
+  if (!device.has_value() || device->type() != c10::DeviceType::PrivateUse1) return;
+  TORCH_CHECK(!device->has_index() || device->index() == 0, "torchtpu: invalid device ", *device,
+              ": this process drives one tpu device, so the valid range of device indices is [0, 0] "
+              "(choose the physical device with TORCHTPU_VISIBLE_DEVICES or torch.tpu.set_device "
+              "before first use)");
+}
+
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> pin, std::optional<c10::MemoryFormat> mf) {
+  CheckDevice(device);
+  TORCH_CHECK(!pin.value_or(false), "Only dense CPU tensors can be pinned (got pin_memory=True for a tpu tensor)");
   c10::ScalarType st = c10::dtype_or_default(dtype);
   ToET(st);  // rejects unsupported dtypes by name
   return at::detail::empty_generic(size, GetAllocator(), kTpuKeys, st, mf);
@@ -48,6 +61,8 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
 at::Tensor empty_strided_tpu(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
                          std::optional<c10::Device> device, std::optional<bool> pin) {
+  CheckDevice(device);
+  TORCH_CHECK(!pin.value_or(false), "Only dense CPU tensors can be pinned (got pin_memory=True for a tpu tensor)");
   c10::ScalarType st = c10::dtype_or_default(dtype);
   ToET(st);
   return at::detail::empty_strided_generic(size, stride, GetAllocator(), kTpuKeys, st);
@@ -60,8 +75,8 @@ static void EnsureStorageBytes(const at::Tensor& self, int64_t need) {
   TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
   StatePtr st = GetState(impl);
   int64_t old = st->nbytes;
+  GetAllocator()->Resized(old, need);  // may throw OutOfMemoryError
   st->nbytes = need;
-  GetAllocator()->Resized(old, need);
   impl->set_nbytes(need);
 }
 
@@ -149,6 +164,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     dst.copy_(host);
     return dst;
   }
+  // Same memory-overlap rules as CPU's copy_: a destination whose elements
+  // alias each other (expand) is ambiguous, and so is a source that partly
+  // overlaps the destination.
+  at::assert_no_internal_overlap(dst);
+  if (IsTpu(self)) at::assert_no_partial_overlap(dst, self);
   std::lock_guard<std::recursive_mutex> g(Region::Lock());
   Region& r = Region::Current();
   if (!IsTpu(self)) {
@@ -568,6 +588,31 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     }
   }
 
+  // Memory overlap, as CPU's TensorIterator checks it: a written argument
+  // must not alias itself (expanded views) nor partly overlap an input.
+  {
+    std::vector<const at::Tensor*> inputs;
+    for (auto& a : args) {
+      if (a.isTensor() && a.toTensor().defined() && IsTpu(a.toTensor())) inputs.push_back(&a.toTensor());
+    }
+    static const std::unordered_set<std::string> kMatmul = {"aten::mm", "aten::addmm", "aten::bmm",
+        "aten::baddbmm", "aten::addmv", "aten::mv", "aten::dot", "aten::matmul", "aten::addbmm"};
+    // fill_/zero_ write one value: CPU allows expanded (self-aliasing) outputs.
+    static const std::unordered_set<std::string> kFill = {"aten::fill_", "aten::zero_"};
+    bool check_internal = !kFill.count(schema.name());
+    bool check_partial = !kMatmul.count(schema.name());
+    for (const at::Tensor& real : outs) {
+      bool is_input = false;
+      for (const at::Tensor& fi : flat_inputs)
+        if (fi.unsafeGetTensorImpl() == real.unsafeGetTensorImpl()) is_input = true;
+      if (!is_input || !real.defined() || real.numel() == 0) continue;
+      if (check_internal) at::assert_no_internal_overlap(real);
+      if (!check_partial) continue;
+      for (const at::Tensor* in : inputs)
+        if (in->unsafeGetTensorImpl() != real.unsafeGetTensorImpl()) at::assert_no_partial_overlap(real, *in);
+    }
+  }
+
   // 2. Lower into the current region.
   std::lock_guard<std::recursive_mutex> g(Region::Lock());
   Region& r = Region::Current();
@@ -757,7 +802,7 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&CpuFallback>());
 }
 
-TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
+// AutocastPrivateUse1: see autocast.cpp.
 
 // Registers the generic native kernel for every op in the lowering registry
 // (called once at import, after all lowerings have registered).

@@ -19,7 +19,8 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torchtpu C++ core";
   m.def("_configure", [](const std::string& plugin_path, const std::string& plugin_name,
                          int64_t device_count, int64_t device_index, int64_t memory_limit,
-                         const std::string& cache_dir, const std::string& version) {
+                         const std::string& cache_dir, const std::string& version,
+                         const std::string& plugin_error) {
     tt::Config c;
     c.plugin_path = plugin_path;
     c.plugin_name = plugin_name;
@@ -28,7 +29,17 @@ PYBIND11_MODULE(_C, m) {
     c.memory_limit = memory_limit;
     c.cache_dir = cache_dir;
     c.version = version;
+    c.plugin_error = plugin_error;
     tt::Configure(c);
+  }, py::arg("plugin_path"), py::arg("plugin_name"), py::arg("device_count"), py::arg("device_index"),
+     py::arg("memory_limit"), py::arg("cache_dir"), py::arg("version"), py::arg("plugin_error") = "");
+  // Compiles StableHLO module text through the plugin (diagnostics / tests).
+  m.def("_compile", [](const std::string& text) {
+    try {
+      tt::Runtime::Get().Executable(text);
+    } catch (const tt::pjrt::Error& e) {
+      throw std::runtime_error(std::string("torchtpu: PJRT compile failed: ") + e.what());
+    }
   });
   m.def("_register_kernels", &tt::RegisterNativeKernels);
   m.def("_started", &tt::Started);
@@ -72,6 +83,7 @@ PYBIND11_MODULE(_C, m) {
     d["num_allocs"] = s.num_allocs;
     d["num_frees"] = s.num_frees;
     d["live_storages"] = s.segments;
+    d["num_ooms"] = s.num_ooms;
     d["limit_bytes"] = tt::GetConfig().memory_limit;
     return d;
   });

@@ -63,7 +63,9 @@ Runtime& Runtime::Get() {
 Runtime::Runtime() {
   const Config& c = g_config;
   if (c.plugin_path.empty())
-    throw pjrt::Error("torchtpu: no PJRT plugin configured (import torchtpu first)");
+    throw pjrt::Error(c.plugin_error.empty()
+                          ? "torchtpu: no PJRT plugin configured (import torchtpu first)"
+                          : c.plugin_error);
   // Plugins log start-up chatter to stderr; keep import quiet unless asked
   // (TORCHTPU_VERBOSE=1). Errors still arrive as PJRT_Error messages.
   struct QuietStderr {
@@ -86,6 +88,20 @@ Runtime::Runtime() {
       close(saved);
     }
   } quiet;
+  try {
+    Start(c);
+  } catch (const pjrt::Error& e) {
+    if (c.plugin_name == "tpu")
+      throw pjrt::Error(std::string(e.what()) +
+                        " (TORCHTPU_PLUGIN=tpu needs a Cloud TPU host with libtpu installed and no "
+                        "other process holding the TPU; on other machines use TORCHTPU_PLUGIN=cpu "
+                        "or cuda)",
+                        e.code());
+    throw;
+  }
+}
+
+void Runtime::Start(const Config& c) {
   const pjrt::Api* api = pjrt::Api::Load(c.plugin_path);
   std::vector<pjrt::CreateOption> opts;
   if (c.plugin_name == "cpu") {

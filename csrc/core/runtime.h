@@ -20,6 +20,7 @@ struct Config {
   int64_t memory_limit = 0;  // bytes; 0 = none (CPU) / device capacity
   std::string cache_dir;     // persistent executable cache; empty = off
   std::string version = "0";
+  std::string plugin_error;  // why no plugin could be found (reported on first use)
 };
 
 void Configure(const Config& c);
@@ -54,6 +55,7 @@ class Runtime {
   std::string fingerprint() const { return fingerprint_; }
  private:
   Runtime();
+  void Start(const Config& c);
   std::unique_ptr<pjrt::Client> client_;
   PJRT_Device* device_ = nullptr;
   std::mutex mu_;

@@ -11,7 +11,7 @@
 namespace tt {
 
 namespace {
-std::atomic<int64_t> g_allocated{0}, g_peak{0}, g_allocs{0}, g_frees{0}, g_live{0};
+std::atomic<int64_t> g_allocated{0}, g_peak{0}, g_allocs{0}, g_frees{0}, g_live{0}, g_ooms{0};
 
 void Account(int64_t delta) {
   int64_t now = g_allocated.fetch_add(delta) + delta;
@@ -35,6 +35,33 @@ std::string Human(int64_t b) {
   else std::snprintf(buf, sizeof buf, "%lld bytes", (long long)b);
   return buf;
 }
+int64_t PhysicalBytes() {
+  static int64_t b = (int64_t)sysconf(_SC_PHYS_PAGES) * (int64_t)sysconf(_SC_PAGE_SIZE);
+  return b;
+}
+
+// TORCHTPU_MEMORY_LIMIT, else the device capacity (host memory for the CPU
+// plugin): an allocation past it can never be materialized.
+int64_t Limit() {
+  int64_t limit = GetConfig().memory_limit;
+  return limit > 0 ? limit : PhysicalBytes();
+}
+
+std::string LimitName() {
+  return GetConfig().memory_limit > 0 ? " (TORCHTPU_MEMORY_LIMIT)" : " (device capacity)";
+}
+
+// Throws torch.OutOfMemoryError when `grow` more bytes do not fit.
+void CheckFits(int64_t grow, const std::string& what) {
+  int64_t limit = Limit();
+  int64_t have = g_allocated.load();
+  if (grow <= 0 || have + grow <= limit) return;
+  g_ooms++;
+  TORCH_CHECK_WITH(OutOfMemoryError, false, "tpu out of memory: tried to ", what, "; ", Human(have),
+                   " already allocated, ", Human(std::max<int64_t>(0, limit - have)), " free; limit ",
+                   Human(limit), LimitName(),
+                   ". Free tensors (del, torch.tpu.empty_cache()) or raise TORCHTPU_MEMORY_LIMIT.");
+}
 }  // namespace
 
 c10::DeviceIndex CurrentDeviceIndex() { return 0; }
@@ -48,12 +75,7 @@ StorageCtx* GetCtx(const c10::StorageImpl* s) {
 StatePtr GetState(const c10::StorageImpl* s) { return GetCtx(s)->st; }
 
 c10::DataPtr TpuAllocator::allocate(size_t n) {
-  int64_t limit = GetConfig().memory_limit;
-  if (limit > 0 && g_allocated.load() + (int64_t)n > limit) {
-    TORCH_CHECK_WITH(OutOfMemoryError, false, "tpu out of memory: tried to allocate ", Human(n),
-                     "; ", Human(g_allocated.load()), " already allocated; limit ", Human(limit),
-                     " (TORCHTPU_MEMORY_LIMIT)");
-  }
+  CheckFits((int64_t)n, "allocate " + Human((int64_t)n));
   auto* ctx = new StorageCtx{std::make_shared<StorageState>((int64_t)n)};
   Account((int64_t)n);
   g_allocs++;
@@ -73,7 +95,11 @@ void TpuAllocator::copy_data(void* dest, const void* src, std::size_t count) con
   (void)count;
 }
 
-void TpuAllocator::Resized(int64_t old_bytes, int64_t new_bytes) { Account(new_bytes - old_bytes); }
+void TpuAllocator::Resized(int64_t old_bytes, int64_t new_bytes) {
+  int64_t grow = new_bytes - old_bytes;
+  CheckFits(grow, "grow a storage from " + Human(old_bytes) + " to " + Human(new_bytes));
+  Account(grow);
+}
 
 c10::CachingDeviceAllocator::DeviceStats TpuAllocator::getDeviceStats(c10::DeviceIndex) {
   c10::CachingDeviceAllocator::DeviceStats s;
@@ -93,20 +119,20 @@ c10::CachingDeviceAllocator::DeviceStats TpuAllocator::getDeviceStats(c10::Devic
   set(s.segment, g_live, g_live, g_allocs, g_frees);
   set(s.active, g_live, g_live, g_allocs, g_frees);
   s.num_alloc_retries = 0;
-  s.num_ooms = 0;
+  s.num_ooms = g_ooms.load();
   return s;
 }
 
 void TpuAllocator::resetAccumulatedStats(c10::DeviceIndex) {
   g_allocs = 0;
   g_frees = 0;
+  g_ooms = 0;
 }
 
 void TpuAllocator::resetPeakStats(c10::DeviceIndex) { g_peak = g_allocated.load(); }
 
 std::pair<size_t, size_t> TpuAllocator::getMemoryInfo(c10::DeviceIndex) {
-  int64_t limit = GetConfig().memory_limit;
-  if (limit <= 0) limit = (int64_t)sysconf(_SC_PHYS_PAGES) * (int64_t)sysconf(_SC_PAGE_SIZE);
+  int64_t limit = Limit();
   int64_t used = g_allocated.load();
   return {(size_t)std::max<int64_t>(0, limit - used), (size_t)limit};
 }
@@ -117,7 +143,7 @@ TpuAllocator* GetAllocator() {
 }
 
 MemStats GetMemStats() {
-  return {g_allocated.load(), g_peak.load(), g_allocs.load(), g_frees.load(), g_live.load()};
+  return {g_allocated.load(), g_peak.load(), g_allocs.load(), g_frees.load(), g_live.load(), g_ooms.load()};
 }
 
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, GetAllocator());

@@ -50,7 +50,7 @@ class TpuAllocator final : public c10::DeviceAllocator {
 TpuAllocator* GetAllocator();
 
 struct MemStats {
-  int64_t allocated, peak, num_allocs, num_frees, segments;
+  int64_t allocated, peak, num_allocs, num_frees, segments, num_ooms;
 };
 MemStats GetMemStats();
 

@@ -454,8 +454,11 @@ ExecutablePtr Client::Deserialize(const std::string& bytes) {
 
 std::string DefaultCompileOptions() {
   // CompileOptionsProto { executable_build_options (3) { num_replicas (4) = 1,
-  //                                                      num_partitions (5) = 1 } }
-  static const char kBytes[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01};
+  //                                                      num_partitions (5) = 1 },
+  //                       compile_portable_executable (4) = true }
+  // Portable: the executable runs on the device given at execution, which is
+  // the one device this process drives (not necessarily device 0).
+  static const char kBytes[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01, 0x20, 0x01};
   return std::string(kBytes, sizeof(kBytes));
 }
 

@@ -1,0 +1,415 @@
+"""The torch.tpu device module, torch.accelerator, streams/events, memory
+stats, RNG state, serialization, autocast and torchtpu.metrics()."""
+import io
+import time
+
+import pytest
+import torch
+
+import torchtpu
+from torchtpu import device_module
+
+DEV = "tpu"
+
+
+def work(n=192, reps=8):
+    a = torch.randn(n, n).to(DEV) * 0.01
+    for _ in range(reps):
+        a = torch.tanh(torch.mm(a, a) * (1.0 / n)) + 0.5
+    return a
+
+
+# ---------------------------------------------------------------- torch.tpu basics
+def test_all_names_exist():
+    for name in device_module.__all__:
+        assert hasattr(torch.tpu, name), name
+
+
+def test_basic_queries():
+    assert torch.tpu.is_available()
+    assert torch.tpu.device_count() == 1
+    assert torch.tpu.current_device() == 0
+    torch.tpu.init()
+    assert torch.tpu.is_initialized()
+    name = torch.tpu.get_device_name()
+    assert isinstance(name, str) and name
+    p = torch.tpu.get_device_properties()
+    assert p.name == name and p.total_memory > 0 and p.type == "tpu"
+    assert "total_memory" in repr(p) or "MB" in repr(p)
+    assert torch.tpu.get_device_properties(0).name == name
+    assert isinstance(torch.tpu.get_device_capability(), tuple)
+    assert torch.tpu.is_bf16_supported() is True
+    assert torch.bfloat16 in torch.tpu.get_amp_supported_dtype()
+    torch.tpu.set_device(0)
+    torch.tpu.set_device("tpu:0")
+    torch.tpu.set_device(torch.device("tpu", 0))
+    with torch.tpu.device(0):
+        pass
+    x = torch.ones(1, device=DEV)
+    with torch.tpu.device_of(x):
+        pass
+    with pytest.raises(ValueError, match=r"\[0, 0\]"):
+        torch.tpu.device(1)
+    torch.tpu.synchronize()
+    torch.tpu.synchronize(0)
+    torch.tpu.empty_cache()
+    assert isinstance(torch.tpu.memory_summary(), str)
+
+
+def test_accelerator_integration():
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.current_accelerator().type == "tpu"
+    assert torch.accelerator.device_count() == 1
+    assert torch.accelerator.current_device_index() == 0
+    torch.accelerator.set_device_index(0)
+    torch.accelerator.synchronize()
+    assert torch.device(0).type == "tpu" if hasattr(torch, "device") else True
+    s = torch.accelerator.current_stream()
+    assert s.device.type == "tpu"
+    free, total = torch.accelerator.get_memory_info()
+    assert 0 <= free <= total and total > 0
+    x = torch.empty(1000, device=DEV)
+    assert torch.accelerator.memory_allocated() == torch.tpu.memory_allocated()
+    assert torch.accelerator.max_memory_allocated() >= 4000
+    assert torch.accelerator.memory_reserved() >= 4000
+    st = torch.accelerator.memory_stats()
+    assert st["allocated_bytes.all.current"] == torch.tpu.memory_allocated()
+    torch.accelerator.reset_peak_memory_stats()
+    assert torch.accelerator.max_memory_allocated() == torch.accelerator.memory_allocated()
+    torch.accelerator.empty_cache()
+    del x
+
+
+# ---------------------------------------------------------------- memory stats
+def test_memory_stats_track_allocations():
+    torch.tpu.synchronize()
+    base = torch.tpu.memory_allocated()
+    x = torch.empty(1 << 18, device=DEV)  # 1 MiB
+    assert torch.tpu.memory_allocated() - base == 1 << 20
+    assert torch.tpu.max_memory_allocated() >= base + (1 << 20)
+    st = torch.tpu.memory_stats()
+    assert st["allocated_bytes.all.current"] == base + (1 << 20)
+    assert st["allocation.all.current"] >= 1
+    y = torch.empty(1 << 16, device=DEV, dtype=torch.float64)  # 512 KiB
+    assert torch.tpu.memory_allocated() - base == (1 << 20) + (1 << 19)
+    del x
+    assert torch.tpu.memory_allocated() - base == 1 << 19
+    peak = torch.tpu.max_memory_allocated()
+    assert peak >= base + (1 << 20) + (1 << 19)
+    torch.tpu.reset_peak_memory_stats()
+    assert torch.tpu.max_memory_allocated() == torch.tpu.memory_allocated()
+    assert torch.tpu.max_memory_reserved() == torch.tpu.max_memory_allocated()
+    del y
+    assert torch.tpu.memory_allocated() == base
+    torch.tpu.reset_accumulated_memory_stats()
+    assert torch.tpu.memory_stats()["allocation.all.allocated"] == 0
+    z = torch.empty(3, device=DEV)
+    assert torch.tpu.memory_stats()["allocation.all.allocated"] == 1
+    del z
+    free, total = torch.tpu.mem_get_info()
+    assert 0 <= free <= total
+
+
+def test_views_do_not_allocate():
+    x = torch.empty(256, device=DEV)
+    before = torch.tpu.memory_allocated()
+    v = x.view(16, 16).t()[1:]
+    assert torch.tpu.memory_allocated() == before
+    del v, x
+
+
+# ---------------------------------------------------------------- streams and events
+def test_event_timing_around_real_work():
+    work(reps=1).cpu()  # compile outside the timed region
+    start = torch.tpu.Event(enable_timing=True)
+    end = torch.tpu.Event(enable_timing=True)
+    assert isinstance(start, torch.tpu.Event) and isinstance(start, torch.Event)
+    start.record()
+    r = work()
+    end.record()
+    end.synchronize()
+    assert end.query()
+    ms = start.elapsed_time(end)
+    assert ms > 0
+    # the result of the timed work is ready and correct-ish
+    assert torch.isfinite(r).all().item()
+
+
+def test_event_elapsed_time_grows_with_work():
+    work(256, 1).cpu()
+    def timed(reps):
+        s, e = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+        s.record()
+        work(256, reps)
+        e.record()
+        e.synchronize()
+        return s.elapsed_time(e)
+    small = min(timed(1) for _ in range(2))
+    big = min(timed(40) for _ in range(2))
+    assert big > small > 0
+
+
+def test_event_query_and_stream_sync():
+    s = torch.tpu.Stream()
+    assert isinstance(s, torch.Stream)
+    with torch.tpu.stream(s):
+        assert torch.tpu.current_stream() == s
+        a = work(256, 20)
+        e = torch.tpu.Event()
+        e.record()
+    assert torch.tpu.current_stream() != s
+    assert torch.tpu.current_stream() == torch.tpu.default_stream()
+    s.synchronize()
+    assert s.query()
+    assert e.query()
+    e.synchronize()
+    # the other stream waits for the event, then consumes the result
+    torch.tpu.current_stream().wait_event(e)
+    assert torch.isfinite(a).all().item()
+    torch.tpu.current_stream().wait_stream(s)
+
+
+def test_torch_stream_context_and_set_stream():
+    s = torch.Stream(DEV)
+    prev = torch.tpu.current_stream()
+    with s:
+        assert torch.accelerator.current_stream() == s
+        x = torch.ones(4, device=DEV) * 3
+    assert torch.accelerator.current_stream() == prev
+    torch.tpu.set_stream(s)
+    assert torch.tpu.current_stream() == s
+    torch.tpu.set_stream(prev)
+    assert x.cpu().tolist() == [3.0] * 4
+    ev = s.record_event()
+    ev.synchronize()
+    assert ev.query()
+
+
+def test_elapsed_time_requires_recorded_events():
+    a, b = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+    a.record()
+    with pytest.raises((RuntimeError, ValueError), match="recorded"):
+        a.elapsed_time(b)
+
+
+# ---------------------------------------------------------------- RNG
+def test_rng_state_round_trip():
+    torch.tpu.manual_seed(1234)
+    assert torch.tpu.initial_seed() == 1234
+    st = torch.tpu.get_rng_state()
+    assert st.dtype == torch.uint8 and st.device.type == "cpu"
+    torch.tpu.manual_seed(99)
+    assert torch.tpu.initial_seed() == 99
+    assert not torch.equal(torch.tpu.get_rng_state(), st)
+    torch.tpu.set_rng_state(st)
+    assert torch.equal(torch.tpu.get_rng_state(), st)
+    assert torch.tpu.initial_seed() == 1234
+    torch.tpu.set_rng_state_all(torch.tpu.get_rng_state_all())
+    torch.manual_seed(77)  # also seeds the tpu generator
+    assert torch.tpu.initial_seed() == 77
+    torch.tpu.manual_seed_all(5)
+    assert torch.tpu.initial_seed() == 5
+    torch.tpu.seed()
+    s1 = torch.tpu.initial_seed()
+    torch.tpu.seed_all()
+    assert torch.tpu.initial_seed() != s1 or True
+    with pytest.raises(RuntimeError):
+        torch.tpu.set_rng_state(torch.zeros(3, dtype=torch.uint8))
+
+
+def test_generator_objects():
+    g = torch.Generator(device=DEV)
+    assert g.device.type == "tpu"
+    g.manual_seed(42)
+    assert g.initial_seed() == 42
+    st = g.get_state()
+    g2 = torch.Generator(device=DEV)
+    g2.set_state(st)
+    assert g2.initial_seed() == 42
+    assert torch.equal(g2.get_state(), st)
+    assert torch.tpu.default_generator(0).device.type == "tpu"
+    assert g.clone_state().initial_seed() == 42 if hasattr(g, "clone_state") else True
+
+
+def test_fork_rng():
+    torch.tpu.manual_seed(11)
+    with torch.random.fork_rng(device_type="tpu"):
+        torch.tpu.manual_seed(12)
+    assert torch.tpu.initial_seed() == 11
+
+
+# ---------------------------------------------------------------- serialization
+def test_save_load_tensors():
+    c = torch.arange(12.).view(3, 4)
+    t = c.to(DEV).t()
+    buf = io.BytesIO()
+    torch.save({"t": t, "i": torch.arange(5, device=DEV)}, buf)
+    d = torch.load(io.BytesIO(buf.getvalue()))
+    assert d["t"].device.type == "tpu"
+    assert d["t"].stride() == t.stride() and d["t"].shape == t.shape
+    torch.testing.assert_close(d["t"].cpu(), c.t())
+    assert d["i"].cpu().tolist() == list(range(5))
+    h = torch.load(io.BytesIO(buf.getvalue()), map_location="cpu")
+    assert h["t"].device.type == "cpu"
+    torch.testing.assert_close(h["t"], c.t())
+    # CPU checkpoint loaded onto the device
+    buf2 = io.BytesIO()
+    torch.save(c, buf2)
+    u = torch.load(io.BytesIO(buf2.getvalue()), map_location="tpu")
+    assert u.device.type == "tpu"
+    torch.testing.assert_close(u.cpu(), c)
+    # views keep sharing storage through a round trip
+    buf3 = io.BytesIO()
+    base = torch.zeros(6, device=DEV)
+    torch.save([base, base[2:4]], buf3)
+    b0, b1 = torch.load(io.BytesIO(buf3.getvalue()))
+    b1.fill_(7)
+    assert b0.cpu().tolist() == [0, 0, 7, 7, 0, 0]
+
+
+def test_save_load_state_dict():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2)).to(DEV)
+    buf = io.BytesIO()
+    torch.save(m.state_dict(), buf)
+    sd = torch.load(io.BytesIO(buf.getvalue()), map_location="tpu")
+    assert all(v.device.type == "tpu" for v in sd.values())
+    m2 = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    m2.load_state_dict(torch.load(io.BytesIO(buf.getvalue()), map_location="cpu"))
+    m3 = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2)).to(DEV)
+    m3.load_state_dict(sd)
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(m3(x.to(DEV)).cpu(), m2(x), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- autocast
+def test_autocast_lower_precision_ops():
+    a = torch.randn(8, 16, device=DEV)
+    w = torch.randn(4, 16, device=DEV)
+    b = torch.randn(4, device=DEV)
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        assert torch.mm(a, w.t()).dtype == torch.bfloat16
+        assert torch.nn.functional.linear(a, w, b).dtype == torch.bfloat16
+        assert torch.addmm(b, a, w.t()).dtype == torch.bfloat16
+        assert torch.matmul(a, w.t()).dtype == torch.bfloat16
+        assert (a @ w.t()).dtype == torch.bfloat16
+        assert torch.bmm(a[None], w.t()[None]).dtype == torch.bfloat16
+        assert torch.baddbmm(b[None, None], a[None], w.t()[None]).dtype == torch.bfloat16
+        # fp32 policy ops run in float32 even for bfloat16 inputs
+        assert torch.softmax(a.bfloat16(), -1).dtype == torch.float32
+        assert torch.log_softmax(a.bfloat16(), -1).dtype == torch.float32
+        assert torch.nn.functional.layer_norm(a.bfloat16(), (16,)).dtype == torch.float32
+        assert torch.exp(a.bfloat16()).dtype == torch.float32
+        # ops without a policy keep their input dtype
+        assert (a + 1).dtype == torch.float32
+        ref = torch.mm(a.bfloat16(), w.t().bfloat16())
+    torch.testing.assert_close(torch.mm(a, w.t()).to(torch.bfloat16).float().cpu(), ref.float().cpu(),
+                               rtol=2e-2, atol=2e-2)
+    # outside the region: float32 again
+    assert torch.mm(a, w.t()).dtype == torch.float32
+    with torch.autocast("tpu", dtype=torch.bfloat16, enabled=False):
+        assert torch.mm(a, w.t()).dtype == torch.float32
+    with torch.autocast("tpu", dtype=torch.float16):
+        assert torch.mm(a, w.t()).dtype == torch.float16
+    with torch.autocast("tpu"):
+        assert torch.mm(a, w.t()).dtype == torch.bfloat16  # tpu default is bfloat16
+    with torch.tpu.amp.autocast():
+        assert torch.mm(a, w.t()).dtype == torch.bfloat16
+
+
+def test_autocast_backward():
+    w = torch.randn(4, 16, device=DEV, requires_grad=True)
+    a = torch.randn(8, 16, device=DEV)
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        y = torch.nn.functional.linear(a, w)
+    y.float().sum().backward()
+    assert w.grad.dtype == torch.float32 and w.grad.shape == w.shape
+
+
+def test_autocast_bce_banned():
+    p = torch.rand(4, device=DEV)
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        with pytest.raises(RuntimeError, match="unsafe to autocast"):
+            torch.nn.functional.binary_cross_entropy(p, p)
+
+
+# ---------------------------------------------------------------- metrics
+def test_metrics_counts():
+    torchtpu.reset_metrics()
+    m = torchtpu.metrics()
+    for k in ("native_ops", "cpu_fallbacks", "compiles", "cache_hits", "cache_misses",
+              "bytes_host_to_device", "bytes_device_to_host", "live_buffers", "live_buffer_bytes",
+              "executions", "native_executions", "mode", "compile_seconds", "executable_cache_entries"):
+        assert k in m, k
+    assert m["native_ops"] == {} and m["cpu_fallbacks"] == {} and m["compiles"] == 0
+    x = torch.randn(37, 3).to(DEV)
+    m = torchtpu.metrics()
+    assert m["bytes_host_to_device"] >= 37 * 3 * 4
+    for _ in range(3):
+        y = x * 2.5 + x
+    m = torchtpu.metrics()
+    assert m["native_ops"].get("aten::mul.Tensor", 0) == 3
+    assert m["native_ops"].get("aten::add.Tensor", 0) == 3
+    assert m["cache_hits"] >= 4  # the same programs ran again
+    assert m["executions"] >= 6
+    assert m["live_buffers"] >= 2 and m["live_buffer_bytes"] >= 2 * 37 * 3 * 4
+    d2h = m["bytes_device_to_host"]
+    y.cpu()
+    assert torchtpu.metrics()["bytes_device_to_host"] - d2h == 37 * 3 * 4
+    # a fresh program compiles once
+    c0 = torchtpu.metrics()["compiles"] + torchtpu.metrics()["disk_cache_hits"]
+    z = torch.randn(7, 13, 5).to(DEV)
+    torch.tpu.synchronize()
+    z.clamp(-0.123, 0.5).cpu()
+    assert torchtpu.metrics()["compiles"] + torchtpu.metrics()["disk_cache_hits"] > c0
+    # an op without a lowering is counted as a CPU fallback
+    if "aten::cumsum" not in torchtpu.lowered_ops():
+        torch.cumsum(x, 0)
+        fb = torchtpu.metrics()["cpu_fallbacks"]
+        assert any(k.startswith("aten::cumsum") for k in fb), fb
+    assert "native ops" in torchtpu.metrics_report()
+
+
+def test_modes():
+    assert torchtpu.get_mode() == "strict"
+    with torchtpu.mode("debug"):
+        assert torchtpu.get_mode() == "debug"
+        assert (torch.ones(3, device=DEV) + 1).cpu().tolist() == [2, 2, 2]
+    with torchtpu.mode("defer_and_fuse"):
+        a = torch.ones(3, device=DEV)
+        b = a * 3 + 1
+        assert b.cpu().tolist() == [4, 4, 4]
+    assert torchtpu.get_mode() == "strict"
+    with pytest.raises(ValueError):
+        torchtpu.set_mode("nope")
+
+
+# ---------------------------------------------------------------- hooks
+def test_backward_uses_primary_context():
+    a = torch.randn(3, 4, device=DEV, requires_grad=True)
+    (a * a).sum().backward()
+    torch.testing.assert_close(a.grad.cpu(), 2 * a.detach().cpu())
+
+
+def test_pin_memory():
+    x = torch.empty(16, pin_memory=True)
+    assert x.is_pinned()
+    y = torch.randn(8).pin_memory()
+    assert y.is_pinned() and y[2:].is_pinned()
+    assert not torch.randn(8).is_pinned()
+    assert not torch.ones(2, device=DEV).is_pinned()
+    with pytest.raises(RuntimeError, match="pinned"):
+        torch.empty(2, device=DEV, pin_memory=True)
+    with pytest.raises(RuntimeError, match="pinned|pin"):
+        torch.ones(2, device=DEV).pin_memory()
+    t = y.to(DEV, non_blocking=True)
+    torch.testing.assert_close(t.cpu(), y)
+
+
+def test_untyped_storage_on_device():
+    s = torch.UntypedStorage(32, device=DEV)
+    assert s.device.type == "tpu" and s.nbytes() == 32
+    s.resize_(64)
+    assert s.nbytes() == 64
+    cs = torch.UntypedStorage(8).tpu()
+    assert cs.device.type == "tpu"
