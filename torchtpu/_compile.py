@@ -76,6 +76,8 @@ class _Lowerer:
         if a is None:
             return ("n",)
         if k == "TensorType":
+            if isinstance(a, (bool, int, float)) and not isinstance(a, torch.fx.Node):
+                return self.arg_spec(torch._C.NumberType.get(), a)  # wrapped number
             return ("t", self.tensor_id(a))
         if k == "ListType":
             el = typ.getElementType()
@@ -93,6 +95,10 @@ class _Lowerer:
             if ek == "BoolType":
                 return ("bl", [bool(x) for x in a])
             raise Unsupported(f"list of {ek}")
+        if isinstance(a, torch.dtype):
+            return ("dt", _et(a))
+        if isinstance(a, (torch.layout, torch.device, torch.memory_format)):
+            return ("n",)
         if isinstance(a, torch.fx.Node) or _is_symbolic(a):
             raise Unsupported(f"symbolic {k} argument")
         if k in ("IntType", "SymIntType"):
@@ -177,7 +183,11 @@ class _Lowerer:
                 self.ids[n] = tuple(out_ids) if isinstance(val, (tuple, list)) else out_ids[0]
             elif n.op == "output":
                 for o in n.args[0]:
-                    if o is None or not isinstance(o, torch.fx.Node):
+                    if o is None:  # e.g. no gradient for an input
+                        outputs.append(-1)
+                        out_meta.append((0, [], []))
+                        continue
+                    if not isinstance(o, torch.fx.Node):
                         raise Unsupported("non-tensor graph output")
                     v = o.meta.get("val")
                     if not isinstance(v, torch.Tensor):

@@ -222,6 +222,10 @@ std::vector<at::Tensor> RunGraph(const Graph& g, const std::vector<py::object>& 
     }
     for (size_t k = 0; k < g.outputs.size(); ++k) {
       int id = g.outputs[k];
+      if (id < 0) {  // None
+        results.push_back(at::Tensor());
+        continue;
+      }
       // an output that is a graph input is returned as that tensor
       auto it = std::find(g.input_ids.begin(), g.input_ids.end(), id);
       if (it != g.input_ids.end() && in_tensors[it - g.input_ids.begin()].defined()) {

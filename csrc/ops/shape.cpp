@@ -45,12 +45,15 @@ std::vector<Value> Arange(LowerCtx& c) {
   ET acc = hlo::IsFloat(o.et) ? ET::F64 : ET::S64;
   if (o.numel() == 0) return {b.Zeros(o)};
   Value i = b.Iota(o.with_et(acc), 0);
-  if (c.op == "aten::arange.out") return {i};
+  if (c.op == "aten::arange.out" || c.op == "aten::arange") return {i};
   Value start = b.BroadcastTo(Cast(b, c.t(0), acc), o.dims);
+  if (c.args.size() < 3 || c.arg(2).kind != Arg::Scalar) return {b.Add(start, i)};  // arange.start
   Value step = b.BroadcastTo(Cast(b, c.t(2), acc), o.dims);
   return {b.Add(start, b.Mul(i, step))};
 }
 TT_LOWERINGS(({"aten::arange.start_out", "aten::arange.out"}), Arange);
+// factory forms in compiled graphs
+TT_GRAPH_LOWERINGS(({"aten::arange", "aten::arange.start", "aten::arange.start_step"}), Arange);
 
 template <bool Lower>
 std::vector<Value> Tri(LowerCtx& c) {

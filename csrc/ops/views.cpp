@@ -191,3 +191,20 @@ TT_GRAPH_LOWERINGS(({"aten::scalar_tensor"}), ScalarTensorL);
 
 }  // namespace
 }  // namespace tt::ops
+
+namespace tt::ops {
+namespace {
+// embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse): rows of weight
+std::vector<Value> EmbeddingL(LowerCtx& c) {
+  Value w = c.t(0), idx = c.t(1);
+  int64_t n = idx.type.numel(), d = w.dims()[1];
+  Value ix = c.b.Reshape(Cast(c.b, idx, ET::S64), {n, 1});
+  Value g = c.b.Op1("stablehlo.gather", {w, ix}, Type(w.et(), {n, d}),
+                    "dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], "
+                    "start_index_map = [0], index_vector_dim = 1>, slice_sizes = array<i64: 1, " +
+                        std::to_string(d) + ">, indices_are_sorted = false");
+  return {c.b.Reshape(g, c.out().dims)};
+}
+TT_GRAPH_LOWERINGS(({"aten::embedding"}), EmbeddingL);
+}  // namespace
+}  // namespace tt::ops
