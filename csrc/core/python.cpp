@@ -102,6 +102,8 @@ PYBIND11_MODULE(_C, m) {
     }
     d["compiles"] = mt.compiles.load();
     d["compile_seconds"] = mt.compile_ns.load() / 1e9;
+    d["cache_load_seconds"] = mt.disk_load_ns.load() / 1e9;
+    d["cache_store_seconds"] = mt.disk_store_ns.load() / 1e9;
     d["cache_hits"] = mt.cache_hits.load();
     d["cache_misses"] = mt.cache_misses.load();
     d["disk_cache_hits"] = mt.disk_hits.load();

@@ -47,7 +47,7 @@ void Metrics::Reset() {
   native_ops.clear();
   fallback_ops.clear();
   compiles = 0; cache_hits = 0; cache_misses = 0; disk_hits = 0;
-  compile_ns = 0; executions = 0; h2d_bytes = 0; d2h_bytes = 0;
+  compile_ns = 0; executions = 0; disk_load_ns = 0; disk_store_ns = 0; h2d_bytes = 0; d2h_bytes = 0;
 }
 
 Runtime& Runtime::Get() {
@@ -149,12 +149,15 @@ pjrt::ExecutablePtr Runtime::Executable(const std::string& text) {
   exe = DiskCacheLoad(*client_, fingerprint_, text, options);
   if (exe) {
     GetMetrics().disk_hits++;
+    GetMetrics().disk_load_ns += NowNs() - t0;
   } else {
     exe = client_->Compile(text, options);
     GetMetrics().compiles++;
+    GetMetrics().compile_ns += NowNs() - t0;
+    int64_t t1 = NowNs();
     DiskCacheStore(*exe, fingerprint_, text, options);
+    GetMetrics().disk_store_ns += NowNs() - t1;
   }
-  GetMetrics().compile_ns += NowNs() - t0;
   std::lock_guard<std::mutex> g(mu_);
   cache_[text] = exe;
   return exe;

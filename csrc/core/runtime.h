@@ -32,7 +32,7 @@ class Metrics {
   std::mutex mu;
   std::map<std::string, int64_t> native_ops, fallback_ops;
   std::atomic<int64_t> compiles{0}, cache_hits{0}, cache_misses{0}, disk_hits{0};
-  std::atomic<int64_t> compile_ns{0}, executions{0};
+  std::atomic<int64_t> compile_ns{0}, executions{0}, disk_load_ns{0}, disk_store_ns{0};
   std::atomic<int64_t> h2d_bytes{0}, d2h_bytes{0};
   void Native(const std::string& op) { std::lock_guard<std::mutex> g(mu); native_ops[op]++; }
   void Fallback(const std::string& op) { std::lock_guard<std::mutex> g(mu); fallback_ops[op]++; }
