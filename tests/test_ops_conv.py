@@ -217,3 +217,32 @@ def test_small_cnn_training():
     x = torch.randn(4, 3, 16, 16)
     torch.testing.assert_close(dev(x.to(DEV)).detach().cpu(), ref(x).detach(), atol=1e-3, rtol=1e-3)
     assert not torchtpu.metrics()["cpu_fallbacks"], torchtpu.metrics()["cpu_fallbacks"]
+
+
+def test_compiled_conv_norm_pool():
+    """torch.compile(backend='tpu'): the same lowerings serve AOTAutograd graphs
+    (convolution, _native_batch_norm_legit_functional, pooling, upsampling)."""
+    torch.manual_seed(0)
+
+    def make():
+        return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Upsample(scale_factor=2, mode="bilinear"), nn.GroupNorm(2, 4),
+                             nn.AdaptiveAvgPool2d(1))
+
+    m, mt = make(), make().to(DEV)
+    mt.load_state_dict(m.state_dict())
+    cm = torch.compile(mt, backend="tpu")
+    x = torch.randn(2, 3, 8, 8)
+    torchtpu.reset_metrics()
+    for train in (True, False):
+        m.train(train)
+        mt.train(train)
+        e, r = m(x), cm(x.to(DEV))
+        torch.testing.assert_close(r.cpu(), e, atol=1e-4, rtol=1e-4)
+        if train:
+            e.sum().backward()
+            r.sum().backward()
+            torch.testing.assert_close(mt[0].weight.grad.cpu(), m[0].weight.grad, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(mt[1].running_mean.cpu(), m[1].running_mean)
+        torch.testing.assert_close(mt[1].running_var.cpu(), m[1].running_var)
+    assert not torchtpu.metrics()["cpu_fallbacks"]
