@@ -101,6 +101,10 @@ class _Lowerer:
             return ("n",)
         if isinstance(a, torch.fx.Node) or _is_symbolic(a):
             raise Unsupported(f"symbolic {k} argument")
+        if isinstance(a, torch.dtype):  # ScalarType arguments report IntType
+            return ("dt", _et(a))
+        if isinstance(a, (torch.layout, torch.memory_format, torch.device)):
+            return ("n",)
         if k in ("IntType", "SymIntType"):
             return ("i", int(a))
         if k == "FloatType":

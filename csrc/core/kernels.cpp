@@ -577,6 +577,14 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
           !seen.count(v.toTensor().unsafeGetTensorImpl()))
         outs.push_back(v.toTensor());
     }
+    // native_batch_norm updates running_mean/running_var in place when
+    // training although its schema does not mark them written (CPU/CUDA do).
+    if ((name == "aten::native_batch_norm" || name == "aten::native_batch_norm.out") && nargs > 5 &&
+        args[5].isBool() && args[5].toBool()) {
+      for (size_t i = 3; i <= 4; ++i)
+        if (args[i].isTensor() && args[i].toTensor().defined() && IsTpu(args[i].toTensor()))
+          outs.push_back(args[i].toTensor());
+    }
   } else {
     for (size_t i = 0; i < nargs; ++i) {
       const auto* ai = schema.arguments()[i].alias_info();
