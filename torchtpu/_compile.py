@@ -173,18 +173,20 @@ class _Lowerer:
                     specs.append(self.arg_spec(sa.type, a))
                 val = n.meta.get("val")
                 vals = list(val) if isinstance(val, (tuple, list)) else [val]
-                outs, out_ids = [], []
+                # Lowerings return values for the defined outputs only (masked
+                # outputs, e.g. convolution_backward's output_mask, are None).
+                outs, out_ids, tuple_ids = [], [], []
                 for v in vals:
                     if isinstance(v, torch.Tensor):
                         if _is_symbolic(v):
                             raise Unsupported("dynamic shapes")
                         outs.append((_et(v.dtype), list(v.shape)))
                         out_ids.append(self.new())
+                        tuple_ids.append(out_ids[-1])
                     else:
-                        outs.append((_ET[torch.float32], []))
-                        out_ids.append(-1)
+                        tuple_ids.append(-1)
                 nodes.append((name, specs, outs, out_ids, [sa.name for sa in schema.arguments]))
-                self.ids[n] = tuple(out_ids) if isinstance(val, (tuple, list)) else out_ids[0]
+                self.ids[n] = tuple(tuple_ids) if isinstance(val, (tuple, list)) else tuple_ids[0]
             elif n.op == "output":
                 for o in n.args[0]:
                     if o is None:  # e.g. no gradient for an input
