@@ -275,5 +275,169 @@ std::vector<Value> ScatterReduce(LowerCtx& c) {
 TT_LOWERINGS(({"aten::scatter_reduce.two", "aten::scatter_reduce_.two", "aten::scatter_reduce.two_out"}),
              ScatterReduce);
 
+
+// ---- embedding_bag: modes 0 sum, 1 mean, 2 max ----
+// bag of each index position from offsets: #(offsets <= i) - 1
+Value BagOf(Builder& b, Value offsets, int64_t nI, int64_t B) {
+  offsets = Cast(b, offsets, ET::S64);
+  int64_t no = offsets.type.numel();
+  Type pt(ET::S64, {nI, no});
+  Value pos = b.Iota(pt, 0);
+  Value ob = b.Broadcast(offsets, {nI, no}, {1});
+  Value cnt = SumDims(b, b.Compare(ob, pos, "LE"), {1}, false, ET::S64);
+  Value bag = b.Sub(cnt, b.Splat(cnt.type, 1));
+  bag = b.Max(bag, b.Zeros(bag.type));
+  return b.Min(bag, b.Splat(bag.type, (double)(B - 1)));
+}
+
+Value Valid(Builder& b, Value idx, int64_t padding_idx) {
+  if (padding_idx < 0) return b.Splat(idx.type.with_et(ET::PRED), 1);
+  return b.Compare(idx, b.Splat(idx.type, (double)padding_idx), "NE");
+}
+
+std::vector<Value> EmbeddingBag(LowerCtx& c) {
+  Builder& b = c.b;
+  Value w = c.t(0), idx = Cast(b, Flat(b, c.t(1)), ET::S64), offsets = c.t(2);
+  int64_t mode = c.i64_or(4, 0), padding_idx = c.i64_or(8, -1);
+  const Type& o = c.out(0);
+  int64_t B = o.dims[0], D = o.dims[1], nI = idx.type.numel();
+  ET ct = ComputeType(o.et);
+  std::vector<Value> res;
+  // offset2bag / bag_size / max_indices in the meta kernel's shapes (bag_size
+  // and max_indices have one row per offset with include_last_offset)
+  auto fit = [&](Value v, const Type& t) {
+    if (t.numel() == 0) return b.Zeros(t);
+    if (v.dims() == t.dims) return v;
+    Dims lo(v.rank(), 0), hi(v.rank(), 0), in(v.rank(), 0);
+    hi[0] = t.dims[0] - v.dims()[0];
+    if (hi[0] < 0) return b.Zeros(t);
+    return b.Pad(v, b.ScalarConst(v.et(), 0), lo, hi, in);
+  };
+  auto fill_rest = [&](Value bag, Value bag_size, Value maxi) {
+    res.push_back(fit(bag, c.out(1)));
+    res.push_back(fit(bag_size, c.out(2)));
+    res.push_back(c.out(3).numel() == 0 ? b.Zeros(c.out(3))
+                                        : fit(c.out(3).rank() == 1 ? Flat(b, b.Slice(maxi, {0, 0}, {maxi.dims()[0], 1}, {1, 1})) : maxi, c.out(3)));
+  };
+  if (B == 0 || nI == 0) {
+    res.push_back(b.Zeros(o));
+    fill_rest(b.Zeros(c.out(1)), b.Zeros(c.out(2)), b.Zeros(c.out(3)));
+    return res;
+  }
+  Value bag = BagOf(b, offsets, nI, B);
+  Value valid = Valid(b, idx, padding_idx);
+  Value rows = Cast(b, RowGather(b, w, idx), ct);  // [nI, D]
+  if (c.has(6) && mode == 0) rows = b.Mul(rows, b.Broadcast(Cast(b, Flat(b, c.t(6)), ct), {nI, D}, {0}));
+  Value vb = b.Broadcast(valid, {nI, D}, {0});
+  Value cnt = RowScatter(b, b.Zeros(Type(ET::S64, {B})), bag, b.Convert(valid, ET::S64), "add");
+  Value out, maxi = b.Zeros(Type(ET::S64, {B, D}));
+  Value bag_for = b.Select(valid, bag, b.Splat(bag.type, (double)B));  // invalid rows dropped
+  if (mode == 2) {
+    Value m = RowScatter(b, b.Splat(Type(ct, {B, D}), -INFINITY), bag_for, rows, "max");
+    Value empty = b.Broadcast(b.Compare(cnt, b.Zeros(cnt.type), "EQ"), {B, D}, {0});
+    out = b.Select(empty, b.Zeros(m.type), m);
+    // first position reaching the max, then its index value
+    Value mi = RowGather(b, m, bag);  // [nI, D]
+    Value hit = b.Binary("and", b.Compare(rows, mi, "EQ"), vb);
+    Value posv = b.Select(hit, b.Iota(Type(ET::S64, {nI, D}), 0), b.Splat(Type(ET::S64, {nI, D}), (double)nI));
+    Value first = RowScatter(b, b.Splat(Type(ET::S64, {B, D}), (double)nI), bag, posv, "min");
+    Value safe = b.Min(first, b.Splat(first.type, (double)(nI - 1)));
+    Value iv = b.Reshape(RowGather(b, idx, Flat(b, safe)), {B, D});
+    maxi = b.Select(empty, b.Zeros(iv.type), iv);
+  } else {
+    out = RowScatter(b, b.Zeros(Type(ct, {B, D})), bag_for, rows, "add");
+    if (mode == 1) {
+      Value cf = b.Broadcast(b.Convert(b.Max(cnt, b.Splat(cnt.type, 1)), ct), {B, D}, {0});
+      out = b.Div(out, cf);
+    }
+  }
+  res.push_back(Cast(b, out, o.et));
+  fill_rest(bag, cnt, maxi);
+  return res;
+}
+TT_LOWERINGS(({"aten::_embedding_bag", "aten::_embedding_bag_forward_only"}), EmbeddingBag);
+
+// dense gradient of the weight
+Value EmbBagGrad(LowerCtx& c, Value g, Value idx, Value bag, Value maxi, int64_t num_weights, bool scale,
+                 int64_t mode, std::optional<Value> psw, int64_t padding_idx, const Type& o) {
+  Builder& b = c.b;
+  ET ct = ComputeType(o.et);
+  int64_t nI = idx.type.numel(), D = o.dims[1], B = g.dims()[0];
+  g = Cast(b, g, ct);
+  Value acc = b.Zeros(Type(ct, {num_weights, D}));
+  if (nI == 0 || B == 0) return acc;
+  Value valid = Valid(b, idx, padding_idx);
+  if (mode == 2) {
+    Value mi = Cast(b, maxi, ET::S64);  // [B, D] index values
+    // per (bag, d): grad goes to weight[mi, d]; empty bags (no valid index) skipped via count
+    Value cnt = RowScatter(b, b.Zeros(Type(ET::S64, {B})), bag, b.Convert(valid, ET::S64), "add");
+    Value ok = b.Broadcast(b.Compare(cnt, b.Zeros(cnt.type), "GT"), {B, D}, {0});
+    Value row = b.Select(ok, mi, b.Splat(mi.type, (double)num_weights));
+    Value col = b.Iota(Type(ET::S64, {B, D}), 1);
+    Value coords = b.Concat({b.Reshape(row, {B, D, 1}), b.Reshape(col, {B, D, 1})}, 2);
+    return PointScatter2(b, acc, coords, g, "add");
+  }
+  Value rows = RowGather(b, g, bag);  // [nI, D]
+  Value scalev = b.Splat(Type(ct, {nI}), 1);
+  if (mode == 1) {
+    Value cnt = RowScatter(b, b.Zeros(Type(ET::S64, {B})), bag, b.Convert(valid, ET::S64), "add");
+    Value per = RowGather(b, b.Convert(b.Max(cnt, b.Splat(cnt.type, 1)), ct), bag);
+    scalev = b.Div(scalev, per);
+  }
+  if (psw && mode == 0) scalev = b.Mul(scalev, Cast(b, Flat(b, *psw), ct));
+  if (scale) {
+    Value freq = RowScatter(b, b.Zeros(Type(ct, {num_weights})), b.Select(valid, idx, b.Splat(idx.type, (double)num_weights)),
+                            b.Splat(Type(ct, {nI}), 1), "add");
+    scalev = b.Div(scalev, b.Max(RowGather(b, freq, b.Min(idx, b.Splat(idx.type, (double)(num_weights - 1)))),
+                                 b.Splat(Type(ct, {nI}), 1)));
+  }
+  rows = b.Mul(rows, b.Broadcast(scalev, {nI, D}, {0}));
+  Value target = b.Select(valid, idx, b.Splat(idx.type, (double)num_weights));
+  return RowScatter(b, acc, target, rows, "add");
+}
+
+std::vector<Value> EmbeddingBagBackward(LowerCtx& c) {
+  Builder& b = c.b;
+  if (c.flag(9)) c.fail("sparse gradients are not supported on tpu");
+  const Type& o = c.out();
+  Value idx = Cast(b, Flat(b, c.t(1)), ET::S64);
+  int64_t B = c.t(0).dims()[0];
+  Value bag = idx.type.numel() && B ? BagOf(b, c.t(2), idx.type.numel(), B) : idx;
+  std::optional<Value> psw;
+  if (c.has(10)) psw = c.t(10);
+  Value r = EmbBagGrad(c, c.t(0), idx, bag, c.t(5), c.i64(6), c.flag(7), c.i64(8), psw, c.i64_or(11, -1), o);
+  return {Cast(b, r, o.et)};
+}
+TT_LOWERINGS(({"aten::_embedding_bag_backward"}), EmbeddingBagBackward);
+
+std::vector<Value> EmbeddingBagDenseBackward(LowerCtx& c) {
+  Builder& b = c.b;
+  const Type& o = c.out();
+  Value idx = Cast(b, Flat(b, c.t(1)), ET::S64);
+  std::optional<Value> psw;
+  if (c.has(8)) psw = c.t(8);
+  Value r = EmbBagGrad(c, c.t(0), idx, Cast(b, c.t(2), ET::S64), c.t(4), c.i64(5), c.flag(6), c.i64(7), psw,
+                       c.i64_or(9, -1), o);
+  return {Cast(b, r, o.et)};
+}
+TT_LOWERINGS(({"aten::_embedding_bag_dense_backward", "aten::_embedding_bag_dense_backward.out"}),
+             EmbeddingBagDenseBackward);
+
+// d out[bag(i)] / d psw[i] = weight[indices[i]] (sum mode)
+std::vector<Value> EmbeddingBagPswBackward(LowerCtx& c) {
+  Builder& b = c.b;
+  const Type& o = c.out();
+  Value g = c.t(0), w = c.t(1), idx = Cast(b, Flat(b, c.t(2)), ET::S64);
+  int64_t nI = idx.type.numel(), B = g.dims()[0];
+  if (nI == 0 || B == 0) return {b.Zeros(o)};
+  ET ct = ComputeType(o.et);
+  Value bag = BagOf(b, c.t(3), nI, B);
+  Value prod = b.Mul(Cast(b, RowGather(b, g, bag), ct), Cast(b, RowGather(b, w, idx), ct));
+  Value r = SumDims(b, prod, {1}, false, ct);
+  r = b.Select(Valid(b, idx, c.i64_or(6, -1)), r, b.Zeros(r.type));
+  return {Cast(b, r, o.et)};
+}
+TT_LOWERINGS(({"aten::_embedding_bag_per_sample_weights_backward"}), EmbeddingBagPswBackward);
+
 }  // namespace
 }  // namespace tt::ops
