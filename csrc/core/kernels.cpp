@@ -231,6 +231,9 @@ struct MetaConv {
   }
   c10::IValue Convert(const c10::IValue& v) {
     if (v.isTensor()) return ToMeta(v.toTensor());
+    // Factories (tril_indices, ...) whose meta kernel is a Python reference
+    // would otherwise run real tpu ops just to compute the output shape.
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) return c10::Device(c10::kMeta);
     if (v.isTensorList()) {
       std::vector<at::Tensor> out;
       for (const at::Tensor& t : v.toTensorVector()) out.push_back(ToMeta(t));
