@@ -107,7 +107,7 @@ std::vector<Value> HardswishBackward(LowerCtx& c) {
   ET ct = CT(c);
   Value g = In(c, 0, ct), x = In(c, 1, ct);
   Value mid = b.Mul(g, b.Add(b.Div(x, S(b, x, 3)), S(b, x, 0.5)));
-  return {b.Select(LT(b, x, S(b, x, -3)), b.Zeros(g.type), b.Select(LE(b, x, S(b, x, 3)), mid, g))};
+  return {b.Select(LE(b, x, S(b, x, -3)), b.Zeros(g.type), b.Select(LT(b, x, S(b, x, 3)), mid, g))};
 }
 TT_LOWERINGS(({"aten::hardswish_backward", "aten::hardswish_backward.out"}), HardswishBackward);
 

@@ -67,18 +67,18 @@ std::vector<Value> Addbmm(LowerCtx& c) {
 }
 TT_LOWERINGS(({"aten::addbmm", "aten::addbmm_", "aten::addbmm.out"}), Addbmm);
 
-// addmm followed by relu or gelu(tanh)
+// addmm followed by relu or gelu
 std::vector<Value> AddmmActivation(LowerCtx& c) {
   Builder& b = c.b;
   ET et = c.out().et;
   ET ct = ComputeType(et);
   Value y = AddScaled(c, Matmul(b, c.t(1), c.t(2), et, true), ct);
   bool gelu = c.flag(5);
-  if (gelu) {
+  if (gelu) {  // CPU applies the exact (erf) gelu
     Value x = y;
     auto S = [&](double v) { return b.Splat(x.type, v); };
-    Value inner = b.Mul(S(0.79788456080286535588), b.Add(x, b.Mul(S(0.044715), b.Mul(x, b.Mul(x, x)))));
-    y = b.Mul(b.Mul(x, S(0.5)), b.Add(S(1), b.Unary("tanh", inner)));
+    Value erf = b.Op1("chlo.erf", {b.Mul(x, S(0.70710678118654752440))}, x.type);
+    y = b.Mul(b.Mul(x, S(0.5)), b.Add(S(1), erf));
   } else {
     y = b.Max(y, b.Zeros(y.type));
   }
