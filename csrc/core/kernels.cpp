@@ -161,6 +161,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     // handle dtype conversion and the destination's strides.
     at::Tensor host = at::empty(self.sizes(), self.options().device(c10::kCPU));
     ReadToHost(self, host.data_ptr());
+    // the raw values of a lazily conjugated/negated view (see the Conjugate
+    // and Negative fallthroughs below)
+    if (self.is_conj()) host = host.conj_physical();
+    if (self.is_neg()) host = host.neg();
     dst.copy_(host);
     return dst;
   }
@@ -173,7 +177,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   Region& r = Region::Current();
   if (!IsTpu(self)) {
     // host -> device
-    at::Tensor src = self;
+    at::Tensor src = self.resolve_conj().resolve_neg();
     if (src.scalar_type() != dst.scalar_type()) src = src.to(dst.scalar_type());
     src = src.expand(dst.sizes()).contiguous();
     ET et = ToET(src.scalar_type());
@@ -197,6 +201,12 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   // device -> device
   GetMetrics().Native("aten::_copy_from");
   Value v = r.Read(self);
+  if (self.is_conj() && hlo::IsComplex(v.et())) {
+    Type pt = v.type.with_et(hlo::ComplexPart(v.et()));
+    Value re = r.b().Op1("stablehlo.real", {v}, pt), im = r.b().Op1("stablehlo.imag", {v}, pt);
+    v = r.b().Op1("stablehlo.complex", {re, r.b().Unary("negate", im)}, v.type);
+  }
+  if (self.is_neg()) v = r.b().Unary("negate", v);
   ET et = ToET(dst.scalar_type());
   v = ops::Cast(r.b(), v, et);
   hlo::Dims d(dst.sizes().begin(), dst.sizes().end());
@@ -808,6 +818,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", copy_from_and_resize);
   m.impl("_local_scalar_dense", local_scalar_dense);
 }
+
+// copy_from resolves the conj/neg bits of its source itself: the generic
+// Conjugate/Negative fallbacks would clone the source, and clone copies
+// through _copy_from again (endless recursion).
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) { m.impl("_copy_from", torch::CppFunction::makeFallthrough()); }
+TORCH_LIBRARY_IMPL(aten, Negative, m) { m.impl("_copy_from", torch::CppFunction::makeFallthrough()); }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&CpuFallback>());

@@ -137,10 +137,12 @@ Value SumDims(Builder& b, Value v, const Dims& dims, bool keepdim, ET acc) {
 }
 
 // torch.matmul on values whose dtype already equals out_et (or is promoted to it).
-Value Matmul(Builder& b, Value a, Value c, ET out_et) {
-  ET acc = out_et;
-  a = Cast(b, a, acc);
-  c = Cast(b, c, acc);
+// Operands are cast to in_et; the dot's result type is res (f32 for f16/bf16
+// operands: accumulation in f32, like CPU's kernels).
+static Value MatmulImpl(Builder& b, Value a, Value c, ET in_et, ET res) {
+  ET acc = res;
+  a = Cast(b, a, in_et);
+  c = Cast(b, c, in_et);
   int ra = a.rank(), rc = c.rank();
   if (ra == 1 && rc == 1) {
     return b.DotGeneral(a, c, {}, {}, {0}, {0}, Type(acc, {}));
@@ -149,13 +151,13 @@ Value Matmul(Builder& b, Value a, Value c, ET out_et) {
     return b.DotGeneral(a, c, {}, {}, {1}, {0}, Type(acc, {a.dims()[0], c.dims()[1]}));
   }
   if (ra == 1) {  // (k) @ (..., k, n)
-    Value r = Matmul(b, b.Reshape(a, {1, a.dims()[0]}), c, out_et);
+    Value r = MatmulImpl(b, b.Reshape(a, {1, a.dims()[0]}), c, in_et, res);
     Dims d = r.dims();
     d.erase(d.end() - 2);
     return b.Reshape(r, d);
   }
   if (rc == 1) {  // (..., m, k) @ (k)
-    Value r = Matmul(b, a, b.Reshape(c, {c.dims()[0], 1}), out_et);
+    Value r = MatmulImpl(b, a, b.Reshape(c, {c.dims()[0], 1}), in_et, res);
     Dims d = r.dims();
     d.pop_back();
     return b.Reshape(r, d);
@@ -182,6 +184,12 @@ Value Matmul(Builder& b, Value a, Value c, ET out_et) {
   od.push_back(da[n]);
   od.push_back(dc[n + 1]);
   return b.DotGeneral(a, c, bd, bd, {(int64_t)n + 1}, {(int64_t)n}, Type(acc, od));
+}
+
+
+Value Matmul(Builder& b, Value a, Value c, ET out_et, bool wide) {
+  Value r = MatmulImpl(b, a, c, out_et, ComputeType(out_et));
+  return wide ? r : Cast(b, r, out_et);
 }
 
 }  // namespace tt::ops

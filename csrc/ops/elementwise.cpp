@@ -2,6 +2,8 @@
 // clamp, fill. The output dtype comes from PyTorch's meta kernels; math runs
 // in ComputeType(out) (f16/bf16 upcast to f32, as PyTorch's CPU kernels do).
 #include <cmath>
+#include <cstdlib>
+#include <limits>
 
 #include "registry.h"
 
@@ -23,18 +25,26 @@ HLO_UNARY(u_tanh, "tanh")
 HLO_UNARY(u_sin, "sine")
 HLO_UNARY(u_cos, "cosine")
 HLO_UNARY(u_tan, "tan")
-HLO_UNARY(u_abs, "abs")
 HLO_UNARY(u_neg, "negate")
-HLO_UNARY(u_floor, "floor")
-HLO_UNARY(u_ceil, "ceil")
-HLO_UNARY(u_sign, "sign")
+HLO_UNARY(u_sign_f, "sign")
 HLO_UNARY(u_logistic, "logistic")
-HLO_UNARY(u_round, "round_nearest_even")
 #undef HLO_UNARY
+
+bool IsFP(const Value& x) { return hlo::IsFloat(x.et()) || hlo::IsComplex(x.et()); }
+// Rounding ops are the identity on integers (and sign on bools).
+Value u_floor(Builder& b, Value x) { return IsFP(x) ? b.Unary("floor", x) : x; }
+Value u_ceil(Builder& b, Value x) { return IsFP(x) ? b.Unary("ceil", x) : x; }
+Value u_round(Builder& b, Value x) { return IsFP(x) ? b.Unary("round_nearest_even", x) : x; }
+Value u_sign(Builder& b, Value x) { return x.et() == ET::PRED ? x : b.Unary("sign", x); }
+Value u_abs(Builder& b, Value x) {
+  if (hlo::IsComplex(x.et())) return b.Op1("stablehlo.abs", {x}, x.type.with_et(hlo::ComplexPart(x.et())));
+  return b.Unary("abs", x);
+}
 
 Value One(Builder& b, const Value& x, double v) { return b.Splat(x.type, v); }
 
 Value u_trunc(Builder& b, Value x) {
+  if (!IsFP(x)) return x;
   Value fl = b.Unary("floor", x), ce = b.Unary("ceil", x);
   return b.Select(b.Compare(x, b.Zeros(x.type), "LT"), ce, fl);
 }
@@ -71,7 +81,35 @@ Value u_hardsigmoid(Builder& b, Value x) {
 Value u_hardswish(Builder& b, Value x) { return b.Mul(x, u_hardsigmoid(b, x)); }
 Value u_sigmoid(Builder& b, Value x) { return b.Unary("logistic", x); }
 Value u_frac(Builder& b, Value x) { return b.Sub(x, u_trunc(b, x)); }
-Value u_sgn(Builder& b, Value x) { return b.Unary("sign", x); }
+Value u_sgn(Builder& b, Value x) { return u_sign(b, x); }
+constexpr double kPi = 3.14159265358979323846;
+Value u_sinc(Builder& b, Value x) {
+  Value px = b.Mul(x, One(b, x, kPi));
+  Value r = b.Div(b.Unary("sine", px), px);
+  return b.Select(b.Compare(x, b.Zeros(x.type), "EQ"), One(b, x, 1), r);
+}
+Value u_erfc(Builder& b, Value x) { return b.Op1("chlo.erfc", {x}, x.type); }
+Value u_i1e(Builder& b, Value x) { return b.Op1("chlo.bessel_i1e", {x}, x.type); }
+Value u_entr(Builder& b, Value x) {
+  Value zero = b.Zeros(x.type);
+  Value r = b.Unary("negate", b.Mul(x, b.Unary("log", x)));
+  r = b.Select(b.Compare(x, zero, "EQ"), zero, r);
+  r = b.Select(b.Compare(x, zero, "LT"), One(b, x, -INFINITY), r);
+  return b.Select(b.Compare(x, x, "NE"), x, r);
+}
+Value u_ndtri(Builder& b, Value x) {
+  Value e = b.Op1("chlo.erf_inv", {b.Sub(b.Mul(x, One(b, x, 2)), One(b, x, 1))}, x.type);
+  return b.Mul(e, One(b, x, 1.41421356237309504880));
+}
+Value u_angle(Builder& b, Value x) {
+  if (hlo::IsComplex(x.et())) {
+    Type rt = x.type.with_et(hlo::ComplexPart(x.et()));
+    return b.Binary("atan2", b.Op1("stablehlo.imag", {x}, rt), b.Op1("stablehlo.real", {x}, rt));
+  }
+  Value r = b.Select(b.Compare(x, b.Zeros(x.type), "LT"), One(b, x, kPi), b.Zeros(x.type));
+  return b.Select(b.Compare(x, x, "NE"), x, r);
+}
+
 
 struct UnaryRow {
   std::initializer_list<const char*> names;
@@ -83,6 +121,11 @@ std::vector<Value> LowerUnary(LowerCtx& c, UnaryFn fn, bool int_ok) {
   Value x = c.t(0);
   ET out = c.out().et;
   ET ct = ComputeType(out);
+  if (hlo::IsComplex(x.et()) && !hlo::IsComplex(out)) {
+    // complex -> real ops (abs, angle): compute on the complex value
+    x = Cast(c.b, x, ct == ET::F64 ? ET::C128 : ET::C64);
+    return {Cast(c.b, fn(c.b, x), out)};
+  }
   if (!int_ok || hlo::IsFloat(out) || hlo::IsComplex(out)) x = Cast(c.b, x, ct);
   else x = Cast(c.b, x, out);
   return {fn(c.b, x)};
@@ -138,6 +181,12 @@ UNARY("mish", u_mish, false);
 UNARY("hardswish", u_hardswish, false);
 UNARY("hardsigmoid", u_hardsigmoid, false);
 UNARY("square", u_square, true);
+UNARY("sinc", u_sinc, false);
+UNARY("erfc", u_erfc, false);
+UNARY("special_i1e", u_i1e, false);
+UNARY("special_entr", u_entr, false);
+UNARY("special_ndtri", u_ndtri, false);
+TT_LOWERINGS(({"aten::angle", "aten::angle.out"}), (UnaryLowering<u_angle, false>));
 #undef UNARY
 
 // ---- binary arithmetic ----
@@ -177,7 +226,9 @@ Value b_and(Builder& b, Value x, Value y) { return b.Binary("and", x, y); }
 Value b_or(Builder& b, Value x, Value y) { return b.Binary("or", x, y); }
 Value b_xor(Builder& b, Value x, Value y) { return b.Binary("xor", x, y); }
 Value b_shl(Builder& b, Value x, Value y) { return b.Binary("shift_left", x, y); }
-Value b_shr(Builder& b, Value x, Value y) { return b.Binary("shift_right_arithmetic", x, y); }
+Value b_shr(Builder& b, Value x, Value y) {
+  return b.Binary(hlo::IsUnsigned(x.et()) ? "shift_right_logical" : "shift_right_arithmetic", x, y);
+}
 
 // Broadcast both operands to the output shape in compute type ct.
 std::pair<Value, Value> Operands(LowerCtx& c, size_t i, size_t j, ET ct) {
@@ -205,13 +256,10 @@ std::vector<Value> AddLowering(LowerCtx& c) {
   return {Sub ? c.b.Sub(x, y) : b_add(c.b, x, y)};
 }
 
-std::vector<Value> DivLowering(LowerCtx& c) {
+std::vector<Value> DivImpl(LowerCtx& c, std::string mode) {
   ET out = c.out().et;
   ET ct = ComputeType(out);
   auto [x, y] = Operands(c, 0, 1, ct);
-  std::string mode;
-  for (size_t i = 2; i < c.args.size(); ++i)
-    if (c.arg(i).kind == Arg::String) mode = c.arg(i).s;
   if (mode.empty() || hlo::IsFloat(ct) || hlo::IsComplex(ct)) {
     Value q = c.b.Div(x, y);
     if (mode == "trunc") q = u_trunc(c.b, q);
@@ -229,6 +277,13 @@ std::vector<Value> DivLowering(LowerCtx& c) {
   }
   return {q};
 }
+std::vector<Value> DivLowering(LowerCtx& c) {
+  std::string mode;
+  for (size_t i = 2; i < c.args.size(); ++i)
+    if (c.arg(i).kind == Arg::String) mode = c.arg(i).s;
+  return DivImpl(c, mode);
+}
+std::vector<Value> FloorDivide(LowerCtx& c) { return DivImpl(c, "floor"); }
 
 std::vector<Value> RemainderLowering(LowerCtx& c) {
   ET ct = ComputeType(c.out().et);
@@ -271,9 +326,16 @@ TT_LOWERINGS(({"aten::pow.Tensor_Tensor", "aten::pow_.Tensor", "aten::pow.Tensor
                "aten::pow.Tensor_Scalar", "aten::pow_.Scalar", "aten::pow.Tensor_Scalar_out"}),
              BinaryLowering<b_pow>);
 TT_LOWERINGS(({"aten::bitwise_left_shift.Tensor", "aten::bitwise_left_shift_.Tensor",
-               "aten::bitwise_left_shift.Tensor_out"}), BinaryLowering<b_shl>);
+               "aten::bitwise_left_shift.Tensor_out", "aten::__lshift__.Tensor", "aten::__lshift__.Scalar",
+               "aten::__lshift__.Tensor_out", "aten::__lshift__.Scalar_out", "aten::__ilshift__.Tensor",
+               "aten::__ilshift__.Scalar"}), BinaryLowering<b_shl>);
 TT_LOWERINGS(({"aten::bitwise_right_shift.Tensor", "aten::bitwise_right_shift_.Tensor",
-               "aten::bitwise_right_shift.Tensor_out"}), BinaryLowering<b_shr>);
+               "aten::bitwise_right_shift.Tensor_out", "aten::__rshift__.Tensor", "aten::__rshift__.Scalar",
+               "aten::__rshift__.Tensor_out", "aten::__rshift__.Scalar_out", "aten::__irshift__.Tensor",
+               "aten::__irshift__.Scalar"}), BinaryLowering<b_shr>);
+TT_LOWERINGS(({"aten::floor_divide", "aten::floor_divide_.Tensor", "aten::floor_divide.out",
+               "aten::floor_divide.Scalar", "aten::floor_divide_.Scalar", "aten::floor_divide.Scalar_out"}),
+             FloorDivide);
 
 std::vector<Value> PowScalarBase(LowerCtx& c) {  // pow(Scalar self, Tensor exponent)
   ET ct = ComputeType(c.out().et);
@@ -396,6 +458,236 @@ std::vector<Value> AddcOp(LowerCtx& c) {  // self + value * t1 (*|/) t2
 }
 TT_LOWERINGS(({"aten::addcmul", "aten::addcmul_", "aten::addcmul.out"}), AddcOp<false>);
 TT_LOWERINGS(({"aten::addcdiv", "aten::addcdiv_", "aten::addcdiv.out"}), AddcOp<true>);
+
+
+// ---- more binary math (xlogy, logaddexp, hypot, copysign, ...) ----
+Value IsNaN(Builder& b, Value x) { return b.Compare(x, x, "NE"); }
+template <bool Log1p>
+Value b_xlogy(Builder& b, Value x, Value y) {
+  Value l = b.Mul(x, b.Unary(Log1p ? "log_plus_one" : "log", y));
+  l = b.Select(b.Compare(x, b.Zeros(x.type), "EQ"), b.Zeros(x.type), l);
+  return b.Select(IsNaN(b, y), y, l);
+}
+template <bool Base2>
+Value b_logaddexp(Builder& b, Value x, Value y) {
+  Value m = b.Max(x, y);
+  Value d = b.Unary("negate", b.Unary("abs", b.Sub(x, y)));
+  Value r = Base2 ? b.Add(m, b.Div(b.Unary("log_plus_one", u_exp2(b, d)), One(b, d, std::log(2.0))))
+                  : b.Add(m, b.Unary("log_plus_one", b.Unary("exponential", d)));
+  Value same_inf = b.Binary("and", b.Compare(x, y, "EQ"),
+                            b.Compare(b.Unary("abs", x), One(b, x, INFINITY), "EQ"));
+  r = b.Select(same_inf, x, r);
+  // NaN in either operand propagates
+  r = b.Select(IsNaN(b, x), x, r);
+  return b.Select(IsNaN(b, y), y, r);
+}
+Value b_hypot(Builder& b, Value x, Value y) {
+  Value ax = b.Unary("abs", x), ay = b.Unary("abs", y);
+  Value m = b.Max(ax, ay), n = b.Min(ax, ay);
+  Value q = b.Div(n, m);
+  Value r = b.Mul(m, b.Unary("sqrt", b.Add(One(b, q, 1), b.Mul(q, q))));
+  r = b.Select(b.Compare(m, b.Zeros(m.type), "EQ"), b.Zeros(m.type), r);
+  Value inf = b.Binary("or", b.Compare(ax, One(b, x, INFINITY), "EQ"), b.Compare(ay, One(b, x, INFINITY), "EQ"));
+  return b.Select(inf, One(b, x, INFINITY), r);
+}
+// Sign bit of a float (bool), by bit pattern (-0.0 and -NaN count as negative).
+Value SignBit(Builder& b, Value x) {
+  if (!hlo::IsFloat(x.et())) return b.Compare(x, b.Zeros(x.type), "LT");
+  ET it = hlo::ETBytes(x.et()) == 8 ? ET::S64 : hlo::ETBytes(x.et()) == 4 ? ET::S32 : ET::S16;
+  Value bits = b.BitcastConvert(x, x.type.with_et(it));
+  return b.Compare(bits, b.Zeros(bits.type), "LT");
+}
+Value b_copysign(Builder& b, Value x, Value y) {
+  Value a = b.Unary("abs", x);
+  return b.Select(SignBit(b, y), b.Unary("negate", a), a);
+}
+Value b_heaviside(Builder& b, Value x, Value v) {
+  Value zero = b.Zeros(x.type);
+  Value pos = Cast(b, b.Compare(x, zero, "GT"), x.et());
+  return b.Select(b.Compare(x, zero, "EQ"), v, pos);
+}
+Value b_nextafter(Builder& b, Value x, Value y) { return b.Op1("chlo.next_after", {x, y}, x.type); }
+
+TT_LOWERINGS(({"aten::xlogy.Tensor", "aten::xlogy.Scalar_Other", "aten::xlogy.Scalar_Self",
+               "aten::xlogy.OutTensor", "aten::xlogy.OutScalar_Self", "aten::xlogy.OutScalar_Other",
+               "aten::xlogy_.Tensor", "aten::xlogy_.Scalar_Other"}), BinaryLowering<b_xlogy<false>>);
+TT_LOWERINGS(({"aten::special_xlog1py", "aten::special_xlog1py.other_scalar", "aten::special_xlog1py.self_scalar",
+               "aten::special_xlog1py.out", "aten::special_xlog1py.self_scalar_out",
+               "aten::special_xlog1py.other_scalar_out"}), BinaryLowering<b_xlogy<true>>);
+TT_LOWERINGS(({"aten::logaddexp", "aten::logaddexp.out"}), BinaryLowering<b_logaddexp<false>>);
+TT_LOWERINGS(({"aten::logaddexp2", "aten::logaddexp2.out"}), BinaryLowering<b_logaddexp<true>>);
+TT_LOWERINGS(({"aten::hypot", "aten::hypot_", "aten::hypot.out"}), BinaryLowering<b_hypot>);
+TT_LOWERINGS(({"aten::copysign.Tensor", "aten::copysign.Scalar", "aten::copysign.out",
+               "aten::copysign.Scalar_out", "aten::copysign_.Tensor", "aten::copysign_.Scalar"}),
+             BinaryLowering<b_copysign>);
+TT_LOWERINGS(({"aten::heaviside", "aten::heaviside_", "aten::heaviside.out"}), BinaryLowering<b_heaviside>);
+
+// nextafter steps in the output dtype itself (no f32 upcast for bf16/f16)
+std::vector<Value> NextAfter(LowerCtx& c) {
+  auto [x, y] = Operands(c, 0, 1, c.out().et);
+  return {b_nextafter(c.b, x, y)};
+}
+TT_LOWERINGS(({"aten::nextafter", "aten::nextafter_", "aten::nextafter.out"}), NextAfter);
+
+std::vector<Value> SignBitOp(LowerCtx& c) { return {SignBit(c.b, c.t(0))}; }
+TT_LOWERINGS(({"aten::signbit", "aten::signbit.out"}), SignBitOp);
+
+template <bool Pos>
+std::vector<Value> IsSignedInf(LowerCtx& c) {
+  Value x = c.t(0);
+  if (!hlo::IsFloat(x.et())) return {c.b.Splat(c.out(), 0)};
+  return {c.b.Compare(x, c.b.Splat(x.type, Pos ? INFINITY : -INFINITY), "EQ")};
+}
+TT_LOWERINGS(({"aten::isposinf", "aten::isposinf.out"}), IsSignedInf<true>);
+TT_LOWERINGS(({"aten::isneginf", "aten::isneginf.out"}), IsSignedInf<false>);
+
+// nan_to_num(x, nan=0, posinf=max, neginf=lowest), in the output dtype
+double MaxFinite(ET et) {
+  switch (et) {
+    case ET::F16: return 65504.0;
+    case ET::BF16: return 3.38953138925153547590470800371487866880e38;
+    case ET::F64: return std::numeric_limits<double>::max();
+    default: return std::numeric_limits<float>::max();
+  }
+}
+std::vector<Value> NanToNum(LowerCtx& c) {
+  Builder& b = c.b;
+  ET et = c.out().et;
+  Value x = Cast(b, c.t(0), et);
+  if (!hlo::IsFloat(et)) return {x};
+  double mx = MaxFinite(et);
+  Value nan = c.has(1) ? b.Splat(x.type, c.f64(1)) : b.Zeros(x.type);
+  Value pinf = b.Splat(x.type, c.has(2) ? c.f64(2) : mx);
+  Value ninf = b.Splat(x.type, c.has(3) ? c.f64(3) : -mx);
+  Value r = b.Select(IsNaN(b, x), nan, x);
+  r = b.Select(b.Compare(x, b.Splat(x.type, INFINITY), "EQ"), pinf, r);
+  return {b.Select(b.Compare(x, b.Splat(x.type, -INFINITY), "EQ"), ninf, r)};
+}
+TT_LOWERINGS(({"aten::nan_to_num", "aten::nan_to_num_", "aten::nan_to_num.out"}), NanToNum);
+
+// round(x, decimals): half-to-even at 10^-decimals
+std::vector<Value> RoundDecimals(LowerCtx& c) {
+  Builder& b = c.b;
+  ET ct = ComputeType(c.out().et);
+  Value x = Cast(b, c.t(0), ct);
+  int64_t d = c.i64(1);
+  if (!hlo::IsFloat(ct)) return {x};
+  Value p = b.Splat(x.type, std::pow(10.0, (double)std::llabs(d)));
+  if (d < 0) return {b.Mul(b.Unary("round_nearest_even", b.Div(x, p)), p)};
+  return {b.Div(b.Unary("round_nearest_even", b.Mul(x, p)), p)};
+}
+TT_LOWERINGS(({"aten::round.decimals", "aten::round_.decimals", "aten::round.decimals_out"}), RoundDecimals);
+
+// logit(x, eps) = log(x / (1 - x)), x clamped to [eps, 1 - eps] when eps is given
+std::vector<Value> Logit(LowerCtx& c) {
+  Builder& b = c.b;
+  ET ct = ComputeType(c.out().et);
+  Value x = Cast(b, c.t(0), ct);
+  if (c.has(1)) {
+    double e = c.f64(1);
+    Value lo = b.Splat(x.type, e), hi = b.Splat(x.type, 1.0 - e);
+    Value cl = b.Select(b.Compare(x, lo, "LT"), lo, b.Select(b.Compare(x, hi, "GT"), hi, x));
+    x = cl;
+  }
+  return {b.Unary("log", b.Div(x, b.Sub(One(b, x, 1), x)))};
+}
+TT_LOWERINGS(({"aten::logit", "aten::logit_", "aten::logit.out"}), Logit);
+
+std::vector<Value> LogitBackward(LowerCtx& c) {
+  Builder& b = c.b;
+  ET ct = ComputeType(c.out().et);
+  const Dims& d = c.out().dims;
+  Value g = Bcast(b, c.t(0), d, ct), x = Bcast(b, c.t(1), d, ct);
+  Value r = b.Div(g, b.Mul(x, b.Sub(One(b, x, 1), x)));
+  if (c.has(2)) {
+    double e = c.f64(2);
+    Value out = b.Binary("or", b.Compare(x, One(b, x, e), "LT"), b.Compare(x, One(b, x, 1.0 - e), "GT"));
+    return {b.Select(out, b.Zeros(x.type), r)};
+  }
+  Value out = b.Binary("or", b.Compare(x, b.Zeros(x.type), "LT"), b.Compare(x, One(b, x, 1), "GT"));
+  return {b.Select(out, One(b, x, NAN), r)};
+}
+TT_LOWERINGS(({"aten::logit_backward", "aten::logit_backward.grad_input"}), LogitBackward);
+
+// polygamma(n, x): n = 0 is digamma
+std::vector<Value> Polygamma(LowerCtx& c) {
+  Builder& b = c.b;
+  ET ct = ComputeType(c.out().et);
+  Value x = Cast(b, c.t(1), ct);
+  int64_t n = c.i64(0);
+  if (n == 0) return {b.Op1("chlo.digamma", {x}, x.type)};
+  return {b.Op1("chlo.polygamma", {b.Splat(x.type, (double)n), x}, x.type)};
+}
+TT_LOWERINGS(({"aten::polygamma", "aten::polygamma.out", "aten::polygamma_"}), Polygamma);
+
+// gcd / lcm: Euclid in a while loop until every divisor is zero
+Value Gcd(Builder& b, Value x, Value y) {
+  x = b.Unary("abs", x);
+  y = b.Unary("abs", y);
+  Type t = x.type;
+  hlo::Region cond, body;
+  cond.arg_types = {t, t};
+  cond.body = [t](Builder& b, const std::vector<Value>& a) {
+    Value nz = b.Compare(a[1], b.Zeros(t), "NE");
+    Value any = t.rank() == 0 ? nz : b.Reduce(nz, b.Constant(Type(ET::PRED, {}), "false"), [&] {
+      Dims d;
+      for (int i = 0; i < t.rank(); ++i) d.push_back(i);
+      return d;
+    }(), "or");
+    return std::vector<Value>{any};
+  };
+  body.arg_types = {t, t};
+  body.body = [t](Builder& b, const std::vector<Value>& a) {
+    Value zero = b.Zeros(t);
+    Value nz = b.Compare(a[1], zero, "NE");
+    Value safe = b.Select(nz, a[1], b.Splat(t, 1));
+    Value r = b.Binary("remainder", a[0], safe);
+    return std::vector<Value>{b.Select(nz, a[1], a[0]), b.Select(nz, r, zero)};
+  };
+  return b.Op("stablehlo.while", {x, y}, {t, t}, "", {cond, body})[0];
+}
+std::vector<Value> GcdOp(LowerCtx& c) {
+  auto [x, y] = Operands(c, 0, 1, c.out().et);
+  return {Gcd(c.b, x, y)};
+}
+std::vector<Value> LcmOp(LowerCtx& c) {
+  Builder& b = c.b;
+  auto [x, y] = Operands(c, 0, 1, c.out().et);
+  Value g = Gcd(b, x, y);
+  Value zero = b.Zeros(g.type);
+  Value safe = b.Select(b.Compare(g, zero, "EQ"), b.Splat(g.type, 1), g);
+  Value l = b.Unary("abs", b.Mul(b.Div(x, safe), y));
+  return {b.Select(b.Compare(g, zero, "EQ"), zero, l)};
+}
+TT_LOWERINGS(({"aten::gcd", "aten::gcd_", "aten::gcd.out"}), GcdOp);
+TT_LOWERINGS(({"aten::lcm", "aten::lcm_", "aten::lcm.out"}), LcmOp);
+
+// ---- complex construction ----
+std::vector<Value> ComplexOp(LowerCtx& c) {
+  ET pt = hlo::ComplexPart(c.out().et);
+  auto [re, im] = Operands(c, 0, 1, pt);
+  return {c.b.Op1("stablehlo.complex", {re, im}, c.out())};
+}
+TT_LOWERINGS(({"aten::complex", "aten::complex.out"}), ComplexOp);
+
+std::vector<Value> Polar(LowerCtx& c) {
+  Builder& b = c.b;
+  ET pt = hlo::ComplexPart(c.out().et);
+  auto [r, th] = Operands(c, 0, 1, pt);
+  Value re = b.Mul(r, b.Unary("cosine", th)), im = b.Mul(r, b.Unary("sine", th));
+  return {b.Op1("stablehlo.complex", {re, im}, c.out())};
+}
+TT_LOWERINGS(({"aten::polar", "aten::polar.out"}), Polar);
+
+std::vector<Value> ConjPhysical(LowerCtx& c) {
+  Builder& b = c.b;
+  Value x = Cast(b, c.t(0), c.out().et);
+  if (!hlo::IsComplex(x.et())) return {x};
+  Type rt = x.type.with_et(hlo::ComplexPart(x.et()));
+  Value re = b.Op1("stablehlo.real", {x}, rt), im = b.Op1("stablehlo.imag", {x}, rt);
+  return {b.Op1("stablehlo.complex", {re, b.Unary("negate", im)}, x.type)};
+}
+TT_LOWERINGS(({"aten::conj_physical", "aten::conj_physical_", "aten::conj_physical.out"}), ConjPhysical);
 
 }  // namespace
 }  // namespace tt::ops

@@ -1,32 +1,90 @@
-// Matrix products: mm, bmm, addmm, baddbmm, matmul, dot, ...
+// Matrix products: mm, bmm, addmm, baddbmm, addbmm, addmv, matmul, dot, vdot,
+// _addmm_activation. f16/bf16 products accumulate in f32 and round once
+// (operands stay narrow: dot_general with an f32 result type). einsum,
+// tensordot, outer, linear, addr decompose above us into these.
+#include <cmath>
+
 #include "registry.h"
 
 namespace tt::ops {
 namespace {
 
 std::vector<Value> Mm(LowerCtx& c) {
-  ET et = c.out().et;
-  return {Cast(c.b, Matmul(c.b, c.t(0), c.t(1), ComputeType(et) == ET::F32 && et != ET::F32 ? et : et), et)};
+  return {Matmul(c.b, c.t(0), c.t(1), c.out().et)};
 }
 TT_LOWERINGS(({"aten::mm", "aten::mm.out", "aten::bmm", "aten::bmm.out", "aten::matmul",
                "aten::matmul.out", "aten::dot", "aten::dot.out", "aten::mv", "aten::mv.out"}), Mm);
 
-// beta * self + alpha * (m1 @ m2)
+// vdot: conj(self) . other
+std::vector<Value> Vdot(LowerCtx& c) {
+  Builder& b = c.b;
+  ET et = c.out().et;
+  Value x = Cast(b, c.t(0), et);
+  if (hlo::IsComplex(et)) {
+    Type pt = x.type.with_et(hlo::ComplexPart(et));
+    Value re = b.Op1("stablehlo.real", {x}, pt), im = b.Op1("stablehlo.imag", {x}, pt);
+    x = b.Op1("stablehlo.complex", {re, b.Unary("negate", im)}, x.type);
+  }
+  return {Matmul(b, x, c.t(1), et)};
+}
+TT_LOWERINGS(({"aten::vdot", "aten::vdot.out"}), Vdot);
+
+// beta * self + alpha * p, in the compute type; beta = 0 ignores self (even NaN)
+Value AddScaled(LowerCtx& c, Value p, ET ct) {
+  Builder& b = c.b;
+  const Dims& d = p.dims();
+  if (c.has(4) && c.arg(4).kind == Arg::Scalar && c.arg(4).scalar_hint != 1.0)
+    p = b.Mul(p, Bcast(b, c.t(4), d, ct));
+  if (c.has(3) && c.arg(3).kind == Arg::Scalar) {
+    if (c.arg(3).scalar_hint == 0.0) return p;
+    Value s = Bcast(b, c.t(0), d, ct);
+    if (c.arg(3).scalar_hint != 1.0) s = b.Mul(s, Bcast(b, c.t(3), d, ct));
+    return b.Add(s, p);
+  }
+  return b.Add(Bcast(b, c.t(0), d, ct), p);
+}
+
 std::vector<Value> Addmm(LowerCtx& c) {
   ET et = c.out().et;
-  const Dims& d = c.out().dims;
-  Value p = Matmul(c.b, c.t(1), c.t(2), et);
-  Value s = Bcast(c.b, c.t(0), d, et);
-  if (c.has(4) && c.arg(4).kind == Arg::Scalar && c.arg(4).scalar_hint != 1.0)
-    p = c.b.Mul(p, Bcast(c.b, c.t(4), d, et));
-  if (c.has(3) && c.arg(3).kind == Arg::Scalar) {
-    if (c.arg(3).scalar_hint == 0.0) return {p};  // beta = 0 ignores self (even NaN)
-    if (c.arg(3).scalar_hint != 1.0) s = c.b.Mul(s, Bcast(c.b, c.t(3), d, et));
-  }
-  return {c.b.Add(s, p)};
+  ET ct = ComputeType(et);
+  Value p = Matmul(c.b, c.t(1), c.t(2), et, /*wide=*/true);
+  return {Cast(c.b, AddScaled(c, p, ct), et)};
 }
 TT_LOWERINGS(({"aten::addmm", "aten::addmm_", "aten::addmm.out", "aten::baddbmm", "aten::baddbmm_",
                "aten::baddbmm.out", "aten::addmv", "aten::addmv_", "aten::addmv.out"}), Addmm);
+
+// addbmm: beta * self + alpha * sum_b (batch1[b] @ batch2[b])
+std::vector<Value> Addbmm(LowerCtx& c) {
+  Builder& b = c.b;
+  ET et = c.out().et;
+  ET ct = ComputeType(et);
+  Value b1 = Cast(b, c.t(1), et), b2 = Cast(b, c.t(2), et);
+  const Dims& d1 = b1.dims();
+  const Dims& d2 = b2.dims();
+  // contract over the batch and k dims at once
+  Value p = b.DotGeneral(b1, b2, {}, {}, {0, 2}, {0, 1}, Type(ct, {d1[1], d2[2]}));
+  return {Cast(b, AddScaled(c, p, ct), et)};
+}
+TT_LOWERINGS(({"aten::addbmm", "aten::addbmm_", "aten::addbmm.out"}), Addbmm);
+
+// addmm followed by relu or gelu
+std::vector<Value> AddmmActivation(LowerCtx& c) {
+  Builder& b = c.b;
+  ET et = c.out().et;
+  ET ct = ComputeType(et);
+  Value y = AddScaled(c, Matmul(b, c.t(1), c.t(2), et, true), ct);
+  bool gelu = c.flag(5);
+  if (gelu) {  // CPU applies the exact (erf) gelu
+    Value x = y;
+    auto S = [&](double v) { return b.Splat(x.type, v); };
+    Value erf = b.Op1("chlo.erf", {b.Mul(x, S(0.70710678118654752440))}, x.type);
+    y = b.Mul(b.Mul(x, S(0.5)), b.Add(S(1), erf));
+  } else {
+    y = b.Max(y, b.Zeros(y.type));
+  }
+  return {Cast(b, y, et)};
+}
+TT_LOWERINGS(({"aten::_addmm_activation", "aten::_addmm_activation.out"}), AddmmActivation);
 
 }  // namespace
 }  // namespace tt::ops

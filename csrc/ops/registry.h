@@ -114,7 +114,8 @@ Value Bcast(Builder& b, Value v, const Dims& dims, ET et);
 // Result of elementwise math: compute dtype for an output dtype (f16/bf16 upcast to f32).
 ET ComputeType(ET out);
 Value Cast(Builder& b, Value v, ET et);
-Value Matmul(Builder& b, Value a, Value c, ET out_et);  // torch.matmul semantics
+// torch.matmul semantics; f16/bf16 accumulate in f32 (wide: return the f32 result).
+Value Matmul(Builder& b, Value a, Value c, ET out_et, bool wide = false);
 Value SumDims(Builder& b, Value v, const Dims& dims, bool keepdim, ET acc);
 
 }  // namespace tt::ops
