@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# Relative paths in ccache keys: rebuilds of another clone reuse the cache.
+export CCACHE_BASEDIR="$(pwd)"
 
 if [ ! -f /usr/lib/x86_64-linux-gnu/libgtest.a ] && [ ! -f /usr/lib/libgtest.a ] && command -v apt-get >/dev/null; then
   { apt-get update -qq && apt-get install -y -qq libgtest-dev ccache; } >/dev/null 2>&1 \
