@@ -151,3 +151,43 @@ def test_metrics_expose_compile_counters():
     m = torchtpu.metrics()["compile"]
     for k in ("graphs_compiled", "graph_fallbacks", "graph_calls", "graph_breaks"):
         assert k in m
+
+
+def test_transformer_with_dropout_inference_matches_and_training_is_reproducible():
+    cfg = GPTConfig(dropout=0.1)
+    model = make_model(cfg).to("tpu")
+    x = torch.randint(0, cfg.vocab_size, (4, cfg.block_size))
+    y = torch.randint(0, cfg.vocab_size, (4, cfg.block_size))
+    cm = torch.compile(model, backend="tpu")
+    model.eval()
+    with torch.no_grad():
+        ref = model(x.to("tpu")).cpu()
+        out = cm(x.to("tpu")).cpu()
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    cpu_model = make_model(cfg).eval()
+    torch.testing.assert_close(out, cpu_model(x).detach(), rtol=1e-4, atol=1e-4)
+    model.train()
+    losses = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        loss = cm(x.to("tpu"), y.to("tpu"))
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[0] == losses[1]
+    torch.manual_seed(8)
+    assert cm(x.to("tpu"), y.to("tpu")).item() != losses[0]
+
+
+def test_mark_dynamic_runs_eagerly_with_a_warning():
+    def f(x):
+        return x.cos() + 1
+
+    cf = torch.compile(f, backend="tpu")
+    x = torch.randn(6)
+    xt = x.to("tpu")
+    torch._dynamo.mark_dynamic(xt, 0)
+    before = _stats()["graph_fallbacks"]
+    with pytest.warns(UserWarning, match="dynamic shapes"):
+        out = cf(xt)
+    torch.testing.assert_close(out.cpu(), f(x))
+    assert _stats()["graph_fallbacks"] == before + 1
