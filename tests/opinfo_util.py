@@ -133,7 +133,10 @@ def sample_args(sample):
 def move_sample(sample, device, grad=False):
     args, kwargs = sample_args(sample)
     f = lambda x: _to(x, device, grad)  # noqa: E731
-    return tree_map(f, args), tree_map(f, kwargs)
+    args, kwargs = tree_map(f, args), tree_map(f, kwargs)
+    if "device" in kwargs and kwargs["device"] is not None:  # factory functions
+        kwargs["device"] = device
+    return args, kwargs
 
 
 def clone_tree(t):

@@ -205,29 +205,53 @@ std::vector<Value> AddLowering(LowerCtx& c) {
   return {Sub ? c.b.Sub(x, y) : b_add(c.b, x, y)};
 }
 
+// Python-style floor division (ATen's div_floor_floating / div_floor_integer).
+Value FloorDiv(Builder& b, Value x, Value y) {
+  Value zero = b.Zeros(x.type);
+  if (!hlo::IsFloat(x.et())) {
+    Value q = b.Div(x, y);  // truncates toward zero
+    Value r = b.Binary("remainder", x, y);
+    Value adjust = b.Binary("and", b.Compare(r, zero, "NE"),
+                            b.Compare(b.Compare(r, zero, "LT"), b.Compare(y, zero, "LT"), "NE"));
+    return b.Select(adjust, b.Sub(q, b.Splat(q.type, 1)), q);
+  }
+  // mod = fmod(x, y); div = (x - mod) / y; if mod != 0 and sign(y) != sign(mod): div -= 1;
+  // floordiv = floor(div) (+1 if div - floor(div) > 0.5), copysign(0, x/y) when div == 0;
+  // y == 0: x / y.
+  Value mod = b.Binary("remainder", x, y);
+  Value div = b.Div(b.Sub(x, mod), y);
+  Value fix = b.Binary("and", b.Compare(mod, zero, "NE"),
+                       b.Compare(b.Compare(y, zero, "LT"), b.Compare(mod, zero, "LT"), "NE"));
+  div = b.Select(fix, b.Sub(div, b.Splat(x.type, 1)), div);
+  Value fl = b.Unary("floor", div);
+  Value up = b.Compare(b.Sub(div, fl), b.Splat(x.type, 0.5), "GT");
+  fl = b.Select(up, b.Add(fl, b.Splat(x.type, 1)), fl);
+  Value q = b.Div(x, y);
+  Value signed_zero = b.Mul(zero, q);  // copysign(0, x / y)
+  fl = b.Select(b.Compare(div, zero, "EQ"), signed_zero, fl);
+  return b.Select(b.Compare(y, zero, "EQ"), q, fl);
+}
+
 std::vector<Value> DivLowering(LowerCtx& c) {
   ET out = c.out().et;
   ET ct = ComputeType(out);
-  auto [x, y] = Operands(c, 0, 1, ct);
   std::string mode;
   for (size_t i = 2; i < c.args.size(); ++i)
     if (c.arg(i).kind == Arg::String) mode = c.arg(i).s;
-  if (mode.empty() || hlo::IsFloat(ct) || hlo::IsComplex(ct)) {
-    Value q = c.b.Div(x, y);
-    if (mode == "trunc") q = u_trunc(c.b, q);
-    if (mode == "floor") q = c.b.Unary("floor", q);
-    return {q};
-  }
-  // integer division
-  Value q = c.b.Div(x, y);  // truncates toward zero
   if (mode == "floor") {
-    Value r = c.b.Binary("remainder", x, y);
-    Value zero = c.b.Zeros(x.type);
-    Value adjust = c.b.Binary("and", c.b.Compare(r, zero, "NE"),
-                              c.b.Compare(c.b.Compare(r, zero, "LT"), c.b.Compare(y, zero, "LT"), "NE"));
-    q = c.b.Select(adjust, c.b.Sub(q, c.b.Splat(q.type, 1)), q);
+    auto [x, y] = Operands(c, 0, 1, ct);
+    return {FloorDiv(c.b, x, y)};
   }
+  auto [x, y] = Operands(c, 0, 1, ct);
+  Value q = c.b.Div(x, y);  // integers: truncates toward zero
+  if (mode == "trunc" && (hlo::IsFloat(ct) || hlo::IsComplex(ct))) q = u_trunc(c.b, q);
   return {q};
+}
+
+std::vector<Value> FloorDivideLowering(LowerCtx& c) {
+  ET ct = ComputeType(c.out().et);
+  auto [x, y] = Operands(c, 0, 1, ct);
+  return {FloorDiv(c.b, x, y)};
 }
 
 std::vector<Value> RemainderLowering(LowerCtx& c) {
@@ -248,7 +272,8 @@ std::vector<Value> FmodLowering(LowerCtx& c) {
 
 #define BINARY_T(base, fn)                                                                  \
   TT_LOWERINGS(({"aten::" base ".Tensor", "aten::" base "_.Tensor", "aten::" base ".out",   \
-                 "aten::" base ".Scalar", "aten::" base "_.Scalar", "aten::" base ".Scalar_out"}), \
+                 "aten::" base ".Tensor_out", "aten::" base ".Scalar", "aten::" base "_.Scalar",    \
+                 "aten::" base ".Scalar_out"}),                                                   \
                fn)
 BINARY_T("add", AddLowering<false>);
 BINARY_T("sub", AddLowering<true>);
@@ -256,6 +281,9 @@ BINARY_T("mul", BinaryLowering<b_mul>);
 BINARY_T("div", DivLowering);
 BINARY_T("remainder", RemainderLowering);
 BINARY_T("fmod", FmodLowering);
+TT_LOWERINGS(({"aten::floor_divide", "aten::floor_divide_.Tensor", "aten::floor_divide.out",
+               "aten::floor_divide.Scalar", "aten::floor_divide_.Scalar", "aten::floor_divide.Scalar_out"}),
+             FloorDivideLowering);
 BINARY_T("bitwise_and", BinaryLowering<b_and>);
 BINARY_T("bitwise_or", BinaryLowering<b_or>);
 BINARY_T("bitwise_xor", BinaryLowering<b_xor>);
@@ -324,6 +352,23 @@ std::vector<Value> IsNan(LowerCtx& c) {
   return {c.b.Compare(x, x, "NE")};
 }
 TT_LOWERING("aten::isnan", IsNan);
+
+// nan_to_num(self, nan=0, posinf=None, neginf=None): infinities default to the dtype's extremes.
+std::vector<Value> NanToNum(LowerCtx& c) {
+  ET et = c.out().et;
+  Value x = Cast(c.b, c.t(0), et);
+  if (!hlo::IsFloat(et)) return {x};
+  double big = et == ET::F16 ? 65504.0 : et == ET::BF16 ? 3.3895313892515355e38
+             : et == ET::F64 ? 1.7976931348623157e308 : 3.4028234663852886e38;
+  Value nan = c.b.Splat(x.type, c.f64_or(1, 0.0));
+  Value pinf = c.b.Splat(x.type, c.f64_or(2, big));
+  Value ninf = c.b.Splat(x.type, c.f64_or(3, -big));
+  Value inf = c.b.Splat(x.type, INFINITY);
+  x = c.b.Select(c.b.Compare(x, x, "NE"), nan, x);
+  x = c.b.Select(c.b.Compare(x, inf, "EQ"), pinf, x);
+  return {c.b.Select(c.b.Compare(x, c.b.Splat(x.type, -INFINITY), "EQ"), ninf, x)};
+}
+TT_LOWERINGS(({"aten::nan_to_num", "aten::nan_to_num_", "aten::nan_to_num.out"}), NanToNum);
 
 std::vector<Value> IsFinite(LowerCtx& c) {
   Value x = c.t(0);
