@@ -130,9 +130,17 @@ def sample_args(sample):
     return (sample.input, *sample.args), dict(sample.kwargs)
 
 
-def move_sample(sample, device, grad=False):
+# Ops whose non-input tensor arguments must stay on the CPU (index/section lists).
+CPU_ARGS = {"tensor_split"}
+
+
+def move_sample(sample, device, grad=False, op=None):
     args, kwargs = sample_args(sample)
     f = lambda x: _to(x, device, grad)  # noqa: E731
+    if op is not None and op.name in CPU_ARGS:
+        args = (f(args[0]),) + tuple(tree_map(lambda x: _to(x, "cpu"), args[1:]))
+        kwargs = tree_map(lambda x: _to(x, "cpu"), kwargs)
+        return args, kwargs
     args, kwargs = tree_map(f, args), tree_map(f, kwargs)
     if "device" in kwargs and kwargs["device"] is not None:  # factory functions
         kwargs["device"] = device
@@ -301,15 +309,15 @@ def run_sample(op, sample, dtype, variants=VARIANTS):
     fn = op.op
 
     if "fn" in variants:
-        cargs, ckw = move_sample(sample, "cpu")
-        targs, tkw = move_sample(sample, DEVICE)
+        cargs, ckw = move_sample(sample, "cpu", op=op)
+        targs, tkw = move_sample(sample, DEVICE, op=op)
         recs.append(_run_pair("fn", op, lambda: _call(fn, clone_tree(cargs), clone_tree(ckw)),
                               lambda: _call(fn, targs, tkw), rtol, atol, values))
 
     if "inplace" in variants and op.inplace_variant is not None:
         ip = op.inplace_variant
-        cargs, ckw = move_sample(sample, "cpu")
-        targs, tkw = move_sample(sample, DEVICE)
+        cargs, ckw = move_sample(sample, "cpu", op=op)
+        targs, tkw = move_sample(sample, DEVICE, op=op)
 
         def cpu_ip():
             a = clone_tree(cargs)
@@ -323,14 +331,14 @@ def run_sample(op, sample, dtype, variants=VARIANTS):
         recs.append(_run_pair("inplace", op, cpu_ip, tpu_ip, rtol, atol, values, skip_cpu_error=True))
 
     if "out" in variants and op.supports_out:
-        cargs, ckw = move_sample(sample, "cpu")
+        cargs, ckw = move_sample(sample, "cpu", op=op)
         try:
             expected = _call(fn, clone_tree(cargs), clone_tree(ckw))
         except Exception as e:  # noqa: BLE001
             expected = None
             recs.append(_record("out", "skip", msg="cpu raised: " + _short(e)))
         if expected is not None:
-            targs, tkw = move_sample(sample, DEVICE)
+            targs, tkw = move_sample(sample, DEVICE, op=op)
 
             def make_out(dev):
                 if isinstance(expected, torch.Tensor):
@@ -356,8 +364,8 @@ def run_sample(op, sample, dtype, variants=VARIANTS):
                                       skip_cpu_error=True))
 
     if ("grad" in variants and op.supports_autograd and dtype == torch.float32 and values):
-        cargs, ckw = move_sample(sample, "cpu", grad=True)
-        targs, tkw = move_sample(sample, DEVICE, grad=True)
+        cargs, ckw = move_sample(sample, "cpu", grad=True, op=op)
+        targs, tkw = move_sample(sample, DEVICE, grad=True, op=op)
         if not _grad_inputs(cargs, ckw):
             recs.append(_record("grad", "skip", msg="no input requires grad"))
         else:
