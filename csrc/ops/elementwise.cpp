@@ -25,16 +25,22 @@ HLO_UNARY(u_cos, "cosine")
 HLO_UNARY(u_tan, "tan")
 HLO_UNARY(u_abs, "abs")
 HLO_UNARY(u_neg, "negate")
-HLO_UNARY(u_floor, "floor")
-HLO_UNARY(u_ceil, "ceil")
-HLO_UNARY(u_sign, "sign")
 HLO_UNARY(u_logistic, "logistic")
-HLO_UNARY(u_round, "round_nearest_even")
 #undef HLO_UNARY
+
+// Rounding is the identity on integers (StableHLO's floor/ceil/round take floats only).
+Value u_floor(Builder& b, Value x) { return hlo::IsFloat(x.et()) ? b.Unary("floor", x) : x; }
+Value u_ceil(Builder& b, Value x) { return hlo::IsFloat(x.et()) ? b.Unary("ceil", x) : x; }
+Value u_round(Builder& b, Value x) {
+  return hlo::IsFloat(x.et()) ? b.Unary("round_nearest_even", x) : x;
+}
+// sign(bool) is the identity; stablehlo.sign takes no i1.
+Value u_sign(Builder& b, Value x) { return x.et() == ET::PRED ? x : b.Unary("sign", x); }
 
 Value One(Builder& b, const Value& x, double v) { return b.Splat(x.type, v); }
 
 Value u_trunc(Builder& b, Value x) {
+  if (!hlo::IsFloat(x.et())) return x;
   Value fl = b.Unary("floor", x), ce = b.Unary("ceil", x);
   return b.Select(b.Compare(x, b.Zeros(x.type), "LT"), ce, fl);
 }
@@ -71,7 +77,7 @@ Value u_hardsigmoid(Builder& b, Value x) {
 Value u_hardswish(Builder& b, Value x) { return b.Mul(x, u_hardsigmoid(b, x)); }
 Value u_sigmoid(Builder& b, Value x) { return b.Unary("logistic", x); }
 Value u_frac(Builder& b, Value x) { return b.Sub(x, u_trunc(b, x)); }
-Value u_sgn(Builder& b, Value x) { return b.Unary("sign", x); }
+Value u_sgn(Builder& b, Value x) { return u_sign(b, x); }
 
 struct UnaryRow {
   std::initializer_list<const char*> names;
@@ -139,6 +145,19 @@ UNARY("hardswish", u_hardswish, false);
 UNARY("hardsigmoid", u_hardsigmoid, false);
 UNARY("square", u_square, true);
 #undef UNARY
+
+// round(x, decimals): as ATen, nearbyint(x * 10^d) / 10^d (d < 0: nearbyint(x / 10^-d) * 10^-d).
+std::vector<Value> RoundDecimals(LowerCtx& c) {
+  ET out = c.out().et;
+  Value x = Cast(c.b, c.t(0), hlo::IsFloat(out) ? ComputeType(out) : out);
+  int64_t d = c.i64_or(1, 0);
+  if (!hlo::IsFloat(out) || d == 0) return {u_round(c.b, x)};
+  bool neg = d < 0;
+  Value p = c.b.Splat(x.type, std::pow(10.0, (double)(neg ? -d : d)));
+  if (neg) return {c.b.Mul(u_round(c.b, c.b.Div(x, p)), p)};
+  return {c.b.Div(u_round(c.b, c.b.Mul(x, p)), p)};
+}
+TT_LOWERINGS(({"aten::round.decimals", "aten::round_.decimals", "aten::round.decimals_out"}), RoundDecimals);
 
 // ---- binary arithmetic ----
 using BinaryFn = Value (*)(Builder&, Value, Value);
