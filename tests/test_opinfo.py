@@ -23,10 +23,11 @@ FAST_OPS = [
     "add", "sub", "mul", "div.no_rounding_mode", "div.floor_rounding", "div.trunc_rounding", "pow",
     "exp", "log", "sqrt", "rsqrt", "abs", "neg", "sigmoid", "tanh", "sin", "cos", "erf", "floor",
     "round", "sign", "clamp", "where", "maximum", "minimum", "remainder", "fmod", "floor_divide",
-    "atan2", "eq", "lt", "logical_and", "lerp", "addcmul", "nan_to_num", "isnan",
+    "atan2", "eq", "lt", "logical_and", "lerp", "addcmul", "nan_to_num", "isnan", "logaddexp",
+    "xlogy", "hypot", "copysign", "rsub", "round.decimals_3",
     # reductions
     "sum", "mean", "amax", "amin", "max.reduction_with_dim", "argmax", "prod", "var", "std",
-    "logsumexp", "all", "any", "norm", "cumsum",
+    "logsumexp", "all", "any", "norm", "cumsum", "var_mean", "aminmax", "nansum", "count_nonzero",
     # matmul
     "mm", "bmm", "matmul", "addmm", "nn.functional.linear",
     # nn

@@ -461,5 +461,146 @@ std::vector<Value> AddcOp(LowerCtx& c) {  // self + value * t1 (*|/) t2
 TT_LOWERINGS(({"aten::addcmul", "aten::addcmul_", "aten::addcmul.out"}), AddcOp<false>);
 TT_LOWERINGS(({"aten::addcdiv", "aten::addcdiv_", "aten::addcdiv.out"}), AddcOp<true>);
 
+
+// ---- special / misc elementwise math ----
+Value u_erfc(Builder& b, Value x) { return b.Op1("chlo.erfc", {x}, x.type); }
+Value u_sinc(Builder& b, Value x) {  // sin(pi x) / (pi x), 1 at 0
+  Value px = b.Mul(x, b.Splat(x.type, M_PI));
+  Value r = b.Div(b.Unary("sine", px), px);
+  return b.Select(b.Compare(x, b.Zeros(x.type), "EQ"), b.Splat(x.type, 1), r);
+}
+TT_LOWERINGS(({"aten::erfc", "aten::erfc_", "aten::erfc.out"}), (UnaryLowering<u_erfc, false>));
+TT_LOWERINGS(({"aten::sinc", "aten::sinc_", "aten::sinc.out"}), (UnaryLowering<u_sinc, false>));
+
+// mvlgamma(x, p) = sum_{i<p} lgamma(x - i/2) + p(p-1)/4 log(pi)
+std::vector<Value> Mvlgamma(LowerCtx& c) {
+  Value x = Cast(c.b, c.t(0), ComputeType(c.out().et));
+  int64_t p = c.i64(1);
+  Value r = c.b.Splat(x.type, (double)p * (double)(p - 1) / 4.0 * std::log(M_PI));
+  for (int64_t i = 0; i < p; ++i)
+    r = c.b.Add(r, u_lgamma(c.b, c.b.Sub(x, c.b.Splat(x.type, (double)i / 2.0))));
+  return {r};
+}
+TT_LOWERINGS(({"aten::mvlgamma", "aten::mvlgamma_", "aten::mvlgamma.out"}), Mvlgamma);
+
+// logaddexp(a, b) = max + log1p(exp(-|a - b|)); equal infinities return a.
+template <bool Base2>
+std::vector<Value> LogAddExp(LowerCtx& c) {
+  ET ct = ComputeType(c.out().et);
+  auto [x, y] = Operands(c, 0, 1, ct);
+  Builder& b = c.b;
+  Value m = b.Max(x, y);
+  Value d = b.Unary("abs", b.Sub(x, y));
+  Value r;
+  if (Base2) {
+    Value ln2 = b.Splat(x.type, std::log(2.0));
+    r = b.Add(m, b.Div(b.Unary("log_plus_one", b.Unary("exponential", b.Unary("negate", b.Mul(d, ln2)))), ln2));
+  } else {
+    r = b.Add(m, b.Unary("log_plus_one", b.Unary("exponential", b.Unary("negate", d))));
+  }
+  Value same_inf = b.Binary("and", b.Compare(x, y, "EQ"),
+                            b.Unary("not", b.Op1("stablehlo.is_finite", {x}, x.type.with_et(ET::PRED))));
+  r = b.Select(same_inf, x, r);
+  // NaN in either operand propagates (max drops it on some backends)
+  r = b.Select(b.Compare(x, x, "NE"), x, r);
+  return {b.Select(b.Compare(y, y, "NE"), y, r)};
+}
+TT_LOWERINGS(({"aten::logaddexp", "aten::logaddexp.out"}), LogAddExp<false>);
+TT_LOWERINGS(({"aten::logaddexp2", "aten::logaddexp2.out"}), LogAddExp<true>);
+
+// xlogy(x, y) = 0 if x == 0 (and y not NaN) else x * log(y); xlog1py with log1p.
+template <bool Log1p>
+std::vector<Value> XLogY(LowerCtx& c) {
+  ET ct = ComputeType(c.out().et);
+  auto [x, y] = Operands(c, 0, 1, ct);
+  Builder& b = c.b;
+  Value r = b.Mul(x, b.Unary(Log1p ? "log_plus_one" : "log", y));
+  r = b.Select(b.Compare(x, b.Zeros(x.type), "EQ"), b.Zeros(x.type), r);
+  return {b.Select(b.Compare(y, y, "NE"), y, r)};
+}
+TT_LOWERINGS(({"aten::xlogy.Tensor", "aten::xlogy.Scalar_Self", "aten::xlogy.Scalar_Other",
+               "aten::xlogy_.Tensor", "aten::xlogy_.Scalar_Other", "aten::xlogy.OutTensor",
+               "aten::xlogy.OutScalar_Self", "aten::xlogy.OutScalar_Other"}), XLogY<false>);
+TT_LOWERINGS(({"aten::special_xlog1py", "aten::special_xlog1py.self_scalar",
+               "aten::special_xlog1py.other_scalar", "aten::special_xlog1py.out",
+               "aten::special_xlog1py.self_scalar_out", "aten::special_xlog1py.other_scalar_out"}),
+             XLogY<true>);
+
+// copysign(x, y): |x| with y's sign bit (-0.0 and NaN signs included).
+std::vector<Value> CopySign(LowerCtx& c) {
+  ET ct = ComputeType(c.out().et);
+  auto [x, y] = Operands(c, 0, 1, ct);
+  Builder& b = c.b;
+  Value ax = b.Unary("abs", x);
+  Value neg = b.Compare(b.Div(b.Splat(y.type, 1), y), b.Zeros(y.type), "LT");  // catches -0.0
+  neg = b.Binary("or", neg, b.Compare(y, b.Zeros(y.type), "LT"));
+  // NaN sign: compare the sign bit through an integer bitcast
+  ET it = ct == ET::F64 ? ET::S64 : ET::S32;
+  if (ct == ET::F32 || ct == ET::F64) {
+    Value bits = b.BitcastConvert(y, y.type.with_et(it));
+    neg = b.Compare(bits, b.Zeros(bits.type), "LT");
+  }
+  return {b.Select(neg, b.Unary("negate", ax), ax)};
+}
+TT_LOWERINGS(({"aten::copysign.Tensor", "aten::copysign_.Tensor", "aten::copysign.out",
+               "aten::copysign.Scalar", "aten::copysign_.Scalar", "aten::copysign.Scalar_out"}), CopySign);
+
+std::vector<Value> Hypot(LowerCtx& c) {
+  ET ct = ComputeType(c.out().et);
+  auto [x, y] = Operands(c, 0, 1, ct);
+  Builder& b = c.b;
+  Value ax = b.Unary("abs", x), ay = b.Unary("abs", y);
+  Value m = b.Max(ax, ay), n = b.Min(ax, ay);
+  Value q = b.Div(n, m);
+  Value r = b.Mul(m, b.Unary("sqrt", b.Add(b.Splat(q.type, 1), b.Mul(q, q))));
+  r = b.Select(b.Compare(m, b.Zeros(m.type), "EQ"), b.Zeros(m.type), r);
+  Value inf = b.Splat(x.type, INFINITY);
+  return {b.Select(b.Binary("or", b.Compare(ax, inf, "EQ"), b.Compare(ay, inf, "EQ")), inf, r)};
+}
+TT_LOWERINGS(({"aten::hypot", "aten::hypot_", "aten::hypot.out"}), Hypot);
+
+std::vector<Value> Heaviside(LowerCtx& c) {
+  ET et = c.out().et;
+  auto [x, v] = Operands(c, 0, 1, et);
+  Builder& b = c.b;
+  Value zero = b.Zeros(x.type);
+  Value r = b.Select(b.Compare(x, zero, "GT"), b.Splat(x.type, 1), zero);
+  r = b.Select(b.Compare(x, zero, "EQ"), v, r);
+  if (hlo::IsFloat(et)) r = b.Select(b.Compare(x, x, "NE"), x, r);
+  return {r};
+}
+TT_LOWERINGS(({"aten::heaviside", "aten::heaviside_", "aten::heaviside.out"}), Heaviside);
+
+std::vector<Value> SignBit(LowerCtx& c) {
+  Value x = c.t(0);
+  Builder& b = c.b;
+  ET et = x.et();
+  if (et == ET::PRED || hlo::IsUnsigned(et)) return {b.Splat(c.out(), 0)};
+  if (!hlo::IsFloat(et)) return {b.Compare(x, b.Zeros(x.type), "LT")};
+  ET it = et == ET::F64 ? ET::S64 : et == ET::F32 ? ET::S32 : ET::S16;
+  Value bits = b.BitcastConvert(x, x.type.with_et(it));
+  return {b.Compare(bits, b.Zeros(bits.type), "LT")};
+}
+TT_LOWERINGS(({"aten::signbit", "aten::signbit.out"}), SignBit);
+
+template <bool Pos>
+std::vector<Value> IsInf(LowerCtx& c) {
+  Value x = c.t(0);
+  if (!hlo::IsFloat(x.et())) return {c.b.Splat(c.out(), 0)};
+  return {c.b.Compare(x, c.b.Splat(x.type, Pos ? INFINITY : -INFINITY), "EQ")};
+}
+TT_LOWERINGS(({"aten::isposinf", "aten::isposinf.out"}), IsInf<true>);
+TT_LOWERINGS(({"aten::isneginf", "aten::isneginf.out"}), IsInf<false>);
+
+// rsub(self, other, alpha) = other - alpha * self
+std::vector<Value> RSub(LowerCtx& c) {
+  ET ct = ComputeType(c.out().et);
+  auto [x, y] = Operands(c, 0, 1, ct);
+  if (c.has(2)) x = c.b.Mul(x, Bcast(c.b, c.t(2), x.dims(), ct));
+  return {c.b.Sub(y, x)};
+}
+TT_LOWERINGS(({"aten::rsub.Tensor", "aten::rsub.Scalar", "aten::rsub.Tensor_out", "aten::rsub.Scalar_out"}),
+             RSub);
+
 }  // namespace
 }  // namespace tt::ops
