@@ -242,6 +242,13 @@ def markdown(results, per_op, tot, var_tot, args, elapsed):
     for k, c in worst_ops(per_op, 30):
         msg = "<br>".join(m.replace("|", "\\|")[:160] for m in first_msgs(results, k))
         L.append(f"| `{k}` | {c['samples']} | {c['fail']} | {c['error']} | {c['crash']} | {c['native']} | {msg} |")
+    L += ["", "## Least native ops (samples through the CPU fallback)", "",
+          "| op | samples | native | fallback ATen ops |", "|---|---|---|---|"]
+    rows = [(k, c) for k, c in per_op.items() if c["samples"] - c["skipped"] - c["native"] > 0]
+    rows.sort(key=lambda kc: (-(kc[1]["samples"] - kc[1]["skipped"] - kc[1]["native"]), kc[0]))
+    for k, c in rows[:40]:
+        fb = ", ".join(f"`{kk[3:].replace('aten::', '')}`" for kk in sorted(c) if kk.startswith("fb:"))
+        L.append(f"| `{k}` | {c['samples']} | {c['native']} | {fb[:200]} |")
     L += ["", "## All ops", "", "| op | samples | pass | fail | error | crash | native | bad variants |",
           "|---|---|---|---|---|---|---|---|"]
     for k, c in sorted(per_op.items()):
@@ -273,11 +280,25 @@ def main():
     ap.add_argument("--op-timeout", type=float, default=300.0, help="seconds before an op counts as hung")
     ap.add_argument("--tag", default="", help="report name suffix (default: dtypes)")
     ap.add_argument("--outdir", default=os.path.join(ROOT, "reports"))
+    ap.add_argument("--from-json", help="re-render the Markdown report of an earlier sweep's JSON")
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     ap.add_argument("--worker-ops", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker_out:
         return worker(args)
+
+    if args.from_json:
+        with open(args.from_json) as f:
+            d = json.load(f)
+        for k, v in d["args"].items():
+            if k not in ("from_json", "outdir"):
+                setattr(args, k, v)
+        per_op, tot, var_tot = summarize(d["samples"])
+        mpath = os.path.splitext(args.from_json)[0] + ".md"
+        with open(mpath, "w") as f:
+            f.write(markdown(d["samples"], per_op, tot, var_tot, args, d["elapsed_s"]))
+        print(mpath)
+        return 0
 
     t0 = time.time()
     keys = select_ops(args.ops)
