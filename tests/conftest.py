@@ -47,3 +47,33 @@ def metrics():
     """Resets torchtpu's counters; the test reads torchtpu.metrics() afterwards."""
     torchtpu.reset_metrics()
     yield torchtpu.metrics
+
+
+# --- OpInfo sweep options (tests/test_opinfo.py) ----------------------------------------------
+
+
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="i/n",
+                     help="run only shard i (0-based) of n of the collected tests, e.g. --shard 0/4")
+    parser.addoption("--runslow", action="store_true", default=False,
+                     help="run tests marked slow (also enabled by -m expressions naming 'slow')")
+
+
+def pytest_collection_modifyitems(config, items):
+    mexpr = config.getoption("-m") or ""
+    if not config.getoption("--runslow") and not ("slow" in mexpr and "not slow" not in mexpr):
+        skip = pytest.mark.skip(reason="slow: use --runslow or -m slow")
+        for it in items:
+            if "slow" in it.keywords:
+                it.add_marker(skip)
+    shard = config.getoption("--shard")
+    if shard:
+        i, n = (int(x) for x in shard.split("/"))
+        if not (0 <= i < n):
+            raise pytest.UsageError(f"--shard {shard}: need 0 <= i < n")
+        keep, drop = [], []
+        for k, it in enumerate(items):
+            (keep if k % n == i else drop).append(it)
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+        items[:] = keep

@@ -277,13 +277,49 @@ std::vector<Value> DivImpl(LowerCtx& c, std::string mode) {
   }
   return {q};
 }
+// Python-style floor division (ATen's div_floor_floating / div_floor_integer).
+Value FloorDiv(Builder& b, Value x, Value y) {
+  Value zero = b.Zeros(x.type);
+  if (!hlo::IsFloat(x.et())) {
+    Value q = b.Div(x, y);  // truncates toward zero
+    Value r = b.Binary("remainder", x, y);
+    Value adjust = b.Binary("and", b.Compare(r, zero, "NE"),
+                            b.Compare(b.Compare(r, zero, "LT"), b.Compare(y, zero, "LT"), "NE"));
+    return b.Select(adjust, b.Sub(q, b.Splat(q.type, 1)), q);
+  }
+  // mod = fmod(x, y); div = (x - mod) / y; if mod != 0 and sign(y) != sign(mod): div -= 1;
+  // floordiv = floor(div) (+1 if div - floor(div) > 0.5), copysign(0, x/y) when div == 0;
+  // y == 0: x / y.
+  Value mod = b.Binary("remainder", x, y);
+  Value div = b.Div(b.Sub(x, mod), y);
+  Value fix = b.Binary("and", b.Compare(mod, zero, "NE"),
+                       b.Compare(b.Compare(y, zero, "LT"), b.Compare(mod, zero, "LT"), "NE"));
+  div = b.Select(fix, b.Sub(div, b.Splat(x.type, 1)), div);
+  Value fl = b.Unary("floor", div);
+  Value up = b.Compare(b.Sub(div, fl), b.Splat(x.type, 0.5), "GT");
+  fl = b.Select(up, b.Add(fl, b.Splat(x.type, 1)), fl);
+  Value q = b.Div(x, y);
+  Value signed_zero = b.Mul(zero, q);  // copysign(0, x / y)
+  fl = b.Select(b.Compare(div, zero, "EQ"), signed_zero, fl);
+  return b.Select(b.Compare(y, zero, "EQ"), q, fl);
+}
+
 std::vector<Value> DivLowering(LowerCtx& c) {
   std::string mode;
   for (size_t i = 2; i < c.args.size(); ++i)
     if (c.arg(i).kind == Arg::String) mode = c.arg(i).s;
+  if (mode == "floor") {
+    ET ct = ComputeType(c.out().et);
+    auto [x, y] = Operands(c, 0, 1, ct);
+    return {FloorDiv(c.b, x, y)};
+  }
   return DivImpl(c, mode);
 }
-std::vector<Value> FloorDivide(LowerCtx& c) { return DivImpl(c, "floor"); }
+std::vector<Value> FloorDivide(LowerCtx& c) {
+  ET ct = ComputeType(c.out().et);
+  auto [x, y] = Operands(c, 0, 1, ct);
+  return {FloorDiv(c.b, x, y)};
+}
 
 std::vector<Value> RemainderLowering(LowerCtx& c) {
   ET ct = ComputeType(c.out().et);
@@ -303,7 +339,8 @@ std::vector<Value> FmodLowering(LowerCtx& c) {
 
 #define BINARY_T(base, fn)                                                                  \
   TT_LOWERINGS(({"aten::" base ".Tensor", "aten::" base "_.Tensor", "aten::" base ".out",   \
-                 "aten::" base ".Scalar", "aten::" base "_.Scalar", "aten::" base ".Scalar_out"}), \
+                 "aten::" base ".Tensor_out", "aten::" base ".Scalar", "aten::" base "_.Scalar",    \
+                 "aten::" base ".Scalar_out"}),                                                      \
                fn)
 BINARY_T("add", AddLowering<false>);
 BINARY_T("sub", AddLowering<true>);
@@ -688,6 +725,27 @@ std::vector<Value> ConjPhysical(LowerCtx& c) {
   return {b.Op1("stablehlo.complex", {re, b.Unary("negate", im)}, x.type)};
 }
 TT_LOWERINGS(({"aten::conj_physical", "aten::conj_physical_", "aten::conj_physical.out"}), ConjPhysical);
+
+// mvlgamma(x, p) = sum_{i<p} lgamma(x - i/2) + p(p-1)/4 log(pi)
+std::vector<Value> Mvlgamma(LowerCtx& c) {
+  Value x = Cast(c.b, c.t(0), ComputeType(c.out().et));
+  int64_t p = c.i64(1);
+  Value r = c.b.Splat(x.type, (double)p * (double)(p - 1) / 4.0 * std::log(M_PI));
+  for (int64_t i = 0; i < p; ++i)
+    r = c.b.Add(r, u_lgamma(c.b, c.b.Sub(x, c.b.Splat(x.type, (double)i / 2.0))));
+  return {r};
+}
+TT_LOWERINGS(({"aten::mvlgamma", "aten::mvlgamma_", "aten::mvlgamma.out"}), Mvlgamma);
+
+// rsub(self, other, alpha) = other - alpha * self
+std::vector<Value> RSub(LowerCtx& c) {
+  ET ct = ComputeType(c.out().et);
+  auto [x, y] = Operands(c, 0, 1, ct);
+  if (c.has(2)) x = c.b.Mul(x, Bcast(c.b, c.t(2), x.dims(), ct));
+  return {c.b.Sub(y, x)};
+}
+TT_LOWERINGS(({"aten::rsub.Tensor", "aten::rsub.Scalar", "aten::rsub.Tensor_out", "aten::rsub.Scalar_out"}),
+             RSub);
 
 }  // namespace
 }  // namespace tt::ops

@@ -205,42 +205,8 @@ std::vector<Value> GroupNormBackward(LowerCtx& c) {
 TT_LOWERINGS(({"aten::native_group_norm_backward", "aten::native_group_norm_backward.out"}),
              GroupNormBackward);
 
-// ---- var_mean ----
-std::vector<Value> VarMean(LowerCtx& c) {
-  Builder& b = c.b;
-  const Type& ov = c.out(0);
-  ET ct = ComputeType(ov.et);
-  Value x = Cast(b, c.t(0), ct);
-  int r = x.rank();
-  Dims dims;
-  int di = ArgIndex(c, "dim");
-  if (di >= 0 && c.has(di)) dims = NormDims(c.ints(di), r);
-  if (dims.empty())
-    for (int i = 0; i < r; ++i) dims.push_back(i);
-  int ki = ArgIndex(c, "keepdim");
-  bool keep = ki >= 0 && c.flag(ki);
-  int64_t n = 1;
-  for (auto d : dims) n *= x.dims()[d];
-  Value sum = SumDims(b, x, dims, true, ct);
-  Value mean = b.Div(sum, b.Splat(sum.type, (double)n));
-  Value xc = b.Sub(x, b.BroadcastTo(mean, x.dims()));
-  Value ss = SumDims(b, b.Mul(xc, xc), dims, true, ct);
-  Value denom;
-  int ci = ArgIndex(c, "correction"), ui = ArgIndex(c, "unbiased");
-  if (ci >= 0) {
-    Value corr = c.has(ci) ? b.Reshape(c.scalar(ci, ct), {}) : b.ScalarConst(ct, 1.0);
-    Value dn = b.Max(b.Sub(b.ScalarConst(ct, (double)n), corr), b.ScalarConst(ct, 0.0));
-    denom = b.BroadcastTo(dn, ss.dims());
-  } else {
-    bool unb = ui < 0 || c.flag(ui, true);
-    denom = b.Splat(ss.type, std::max(0.0, (double)n - (unb ? 1.0 : 0.0)));
-  }
-  Value var = b.Div(ss, denom);
-  (void)keep;
-  return {Cast(b, b.Reshape(var, ov.dims), ov.et), Cast(b, b.Reshape(mean, c.out(1).dims), c.out(1).et)};
-}
-TT_LOWERINGS(({"aten::var_mean", "aten::var_mean.dim", "aten::var_mean.correction",
-               "aten::var_mean.correction_out"}), VarMean);
+// var_mean (reached by group norm's eager decomposition) lives in reduce.cpp.
+
 
 // ---- fused rms norm (compiled graphs) ----
 std::vector<Value> RmsNorm(LowerCtx& c) {

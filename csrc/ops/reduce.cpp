@@ -162,13 +162,10 @@ std::vector<Value> ArgMinMax(LowerCtx& c) {
 TT_LOWERINGS(({"aten::argmax", "aten::argmax.out"}), ArgMinMax<true>);
 TT_LOWERINGS(({"aten::argmin", "aten::argmin.out"}), ArgMinMax<false>);
 
-// ---- var / std ----
-template <bool Std>
-std::vector<Value> VarStd(LowerCtx& c) {
-  const Type& o = c.out();
-  Value x = c.t(0);
-  ET ct = ComputeType(o.et);
-  x = Cast(c.b, x, ct);
+// ---- var / std (and var_mean / std_mean) ----
+// Returns (var or std, mean) in the compute type, reduced (not yet reshaped).
+std::pair<Value, Value> VarMean(LowerCtx& c, bool std_, ET ct) {
+  Value x = Cast(c.b, c.t(0), ct);
   Dims dims = DimsOf(c, x.rank());
   double corr = 1.0;
   int ci = ArgIndex(c, "correction"), ui = ArgIndex(c, "unbiased");
@@ -181,13 +178,75 @@ std::vector<Value> VarStd(LowerCtx& c) {
   Value s = SumDims(c.b, c.b.Mul(d, d), dims, false, ct);
   double denom = std::max(0.0, (double)n - corr);
   Value r = c.b.Div(s, c.b.Splat(s.type, denom));
-  if (Std) r = c.b.Unary("sqrt", r);
+  if (std_) r = c.b.Unary("sqrt", r);
+  return {r, mean};
+}
+
+template <bool Std>
+std::vector<Value> VarStd(LowerCtx& c) {
+  const Type& o = c.out();
+  Value r = VarMean(c, Std, ComputeType(o.et)).first;
   return {c.b.Reshape(Cast(c.b, r, o.et), o.dims)};
 }
 TT_LOWERINGS(({"aten::var", "aten::var.dim", "aten::var.correction", "aten::var.correction_out",
                "aten::var.out"}), VarStd<false>);
 TT_LOWERINGS(({"aten::std", "aten::std.dim", "aten::std.correction", "aten::std.correction_out",
                "aten::std.out"}), VarStd<true>);
+
+template <bool Std>
+std::vector<Value> VarStdMean(LowerCtx& c) {
+  const Type& o = c.out(0);
+  auto [r, m] = VarMean(c, Std, ComputeType(o.et));
+  return {c.b.Reshape(Cast(c.b, r, o.et), o.dims), c.b.Reshape(Cast(c.b, m, c.out(1).et), c.out(1).dims)};
+}
+TT_LOWERINGS(({"aten::var_mean", "aten::var_mean.dim", "aten::var_mean.correction",
+               "aten::var_mean.correction_out"}), VarStdMean<false>);
+TT_LOWERINGS(({"aten::std_mean", "aten::std_mean.dim", "aten::std_mean.correction",
+               "aten::std_mean.correction_out"}), VarStdMean<true>);
+
+// ---- aminmax / nansum / count_nonzero ----
+// An optional single `dim` (int?): None = all dims.
+Dims OptIntDim(const LowerCtx& c, int rank) {
+  int di = ArgIndex(c, "dim");
+  if (di < 0 || !c.has(di)) return RedDims(c, -1, rank);
+  const Arg& a = c.arg(di);
+  int64_t d = a.kind == Arg::Scalar ? (int64_t)a.scalar_hint
+              : a.kind == Arg::IntList && !a.ints.empty() ? a.ints[0] : c.i64(di);
+  if (rank == 0) {
+    if (d != 0 && d != -1) c.fail("dim out of range");
+    return {};
+  }
+  return {NormDim(d, rank)};
+}
+std::vector<Value> AMinMaxPair(LowerCtx& c) {
+  Value x = c.t(0);
+  Dims dims = OptIntDim(c, x.rank());
+  return {c.b.Reshape(ReduceMinMax(c.b, x, dims, false), c.out(0).dims),
+          c.b.Reshape(ReduceMinMax(c.b, x, dims, true), c.out(1).dims)};
+}
+TT_LOWERINGS(({"aten::aminmax", "aten::aminmax.out"}), AMinMaxPair);
+
+std::vector<Value> NanSum(LowerCtx& c) {
+  const Type& o = c.out();
+  Value x = c.t(0);
+  if (hlo::IsFloat(x.et())) x = c.b.Select(IsNan(c.b, x), c.b.Zeros(x.type), x);
+  Dims dims = DimsOf(c, x.rank());
+  Value r = SumDims(c.b, x, dims, false, AccType(o.et));
+  return {c.b.Reshape(Cast(c.b, r, o.et), o.dims)};
+}
+TT_LOWERINGS(({"aten::nansum", "aten::nansum.out"}), NanSum);
+
+std::vector<Value> CountNonzero(LowerCtx& c) {
+  const Type& o = c.out();
+  Value x = c.t(0);
+  Value nz = Cast(c.b, c.b.Compare(x, c.b.Zeros(x.type), "NE"), ET::S64);
+  int di = ArgIndex(c, "dim");
+  Dims dims = di >= 0 && c.has(di) && c.arg(di).kind != Arg::IntList ? OptIntDim(c, x.rank()) : DimsOf(c, x.rank());
+  Value r = dims.empty() ? nz : SumDims(c.b, nz, dims, false, ET::S64);
+  return {c.b.Reshape(r, o.dims)};
+}
+TT_LOWERINGS(({"aten::count_nonzero.dim_IntList", "aten::count_nonzero.dim_IntList_out",
+               "aten::count_nonzero", "aten::count_nonzero.out"}), CountNonzero);
 
 // ---- all / any ----
 template <bool All>
