@@ -49,7 +49,6 @@ FAST_OPS = [
 
 # op -> reason: wrong results / errors in the first 2 float32 samples (strict xfail).
 XFAIL = {
-    "nn.functional.conv2d": "convolution_overrideable has no tpu kernel (NotImplementedError); conv family",
 }
 
 # op -> reason: correct, but some variant still runs through the CPU fallback.
