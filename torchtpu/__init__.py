@@ -74,12 +74,22 @@ _MODES = {"strict": 0, "debug": 1, "defer_and_fuse": 2}
 _MODE_NAMES = {v: k for k, v in _MODES.items()}
 
 
-def set_mode(mode: str) -> None:
-    """Sets the eager mode: "strict" (default), "debug" or "defer_and_fuse"."""
+def set_mode(mode: str, *, check_nans: bool | None = None) -> None:
+    """Sets the eager mode: "strict" (default), "debug" or "defer_and_fuse".
+
+    Switching flushes pending (deferred) work. In debug mode every op runs
+    synchronously (device errors are raised by the op's own call), index
+    arguments are bounds-checked with CPU PyTorch's errors, outputs are
+    validated against PyTorch's meta functions, and with ``check_nans=True``
+    (or ``TORCHTPU_DEBUG_NANS=1``) the first op producing a NaN/Inf in a float
+    output raises.
+    """
     from . import _C
 
     if mode not in _MODES:
         raise ValueError(f"torchtpu.set_mode: unknown mode {mode!r}; choose one of {list(_MODES)}")
+    if check_nans is not None:
+        _C._set_debug_nans(bool(check_nans))
     _C._set_mode(_MODES[mode])
 
 
