@@ -110,14 +110,15 @@ class mode:
     def __enter__(self):
         from . import _C
 
-        self._prev = _C._get_mode()
-        _C._set_thread_mode(_MODES[self.name])
+        # Scoped through c10's thread-local debug info, so autograd's device
+        # threads run backward in this mode too. Entering/leaving flushes.
+        _C._push_thread_mode(_MODES[self.name])
         return self
 
     def __exit__(self, *exc):
         from . import _C
 
-        _C._set_thread_mode(self._prev)
+        _C._pop_thread_mode()
         return False
 
 

@@ -2,6 +2,7 @@
 
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <c10/util/Exception.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 
 #include <algorithm>
 #include <atomic>
@@ -24,7 +25,47 @@ thread_local int t_mode = -1;
 std::atomic<uint64_t> g_epoch{1};
 }  // namespace
 
-Mode GetMode() { return (Mode)(t_mode >= 0 ? t_mode : g_mode.load()); }
+// The thread mode (torchtpu.mode(...)) also lives in c10's ThreadLocalDebugInfo,
+// which the autograd engine propagates to its device threads: backward runs
+// in the mode of the thread that called .backward().
+namespace {
+constexpr std::string_view kModeInfoName = "TORCHTPU_MODE";
+const c10::DebugInfoKind kModeInfo(&kModeInfoName);
+struct ModeInfo : c10::DebugInfoBase {
+  explicit ModeInfo(int m) : mode(m) {}
+  int mode;
+};
+}  // namespace
+
+Mode GetMode() {
+  if (t_mode >= 0) return (Mode)t_mode;
+  if (auto* i = c10::ThreadLocalDebugInfo::get(kModeInfo)) {
+    int m = static_cast<ModeInfo*>(i)->mode;
+    if (m >= 0) return (Mode)m;
+  }
+  return (Mode)g_mode.load();
+}
+
+int GetThreadMode() { return t_mode; }
+
+void PushThreadMode(int m) {
+  {
+    std::lock_guard<std::recursive_mutex> g(Region::Lock());
+    if (!Region::Current().empty()) Region::Current().Flush();
+  }
+  c10::ThreadLocalDebugInfo::_push(kModeInfo, std::make_shared<ModeInfo>(m));
+  t_mode = m;
+}
+
+void PopThreadMode() {
+  {
+    std::lock_guard<std::recursive_mutex> g(Region::Lock());
+    if (!Region::Current().empty()) Region::Current().Flush();
+  }
+  c10::ThreadLocalDebugInfo::_pop(kModeInfo);
+  auto* i = c10::ThreadLocalDebugInfo::get(kModeInfo);
+  t_mode = i ? static_cast<ModeInfo*>(i)->mode : -1;
+}
 
 void SetMode(Mode m) {
   {

@@ -73,6 +73,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_get_debug_nans", &tt::DebugNans);
   m.def("_get_mode", []() { return (int)tt::GetMode(); });
   m.def("_set_thread_mode", &tt::SetThreadMode);
+  m.def("_push_thread_mode", &tt::PushThreadMode);
+  m.def("_pop_thread_mode", &tt::PopThreadMode);
   m.def("_synchronize", []() { tt::SynchronizeDevice(); });
   m.def("_flush", []() {
     std::lock_guard<std::recursive_mutex> g(tt::Region::Lock());
