@@ -235,7 +235,7 @@ def test_debug_runs_each_op_synchronously(metrics):
         m = torchtpu.metrics()
         assert m["executions"] == 2 and m["flush_reasons"].get("debug") == 2
         # argument errors are raised by the op's own call, naming it
-        with pytest.raises(RuntimeError, match="size of tensor a"):
+        with pytest.raises(RuntimeError, match="broadcast"):
             x + torch.ones(5, device=D)
         assert z.cpu().tolist() == [4.0] * 4
 
@@ -297,11 +297,11 @@ def test_defer_elementwise_chain_is_one_program(metrics):
 def test_defer_size_threshold(pyrun):
     r = pyrun("import torch, torchtpu\ntorchtpu.set_mode('defer_and_fuse')\nx = torch.ones(10, device='tpu')\n"
               "torch.tpu.synchronize(); torchtpu.reset_metrics()\n"
-              "for i in range(25):\n    x = x + float(i)\n"
+              "for i in range(25):\n    x = torch.cat([x, x[:1]])  # growing: no loop period\n"
               "m = torchtpu.metrics(); print(m['flush_reasons'].get('size_threshold', 0), x.sum().item())",
               env={"TORCHTPU_DEFER_MAX_OPS": "10"})
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["2", str(10.0 + 10 * sum(range(25)))]
+    assert r.stdout.split() == ["2", "35.0"]
 
 
 def test_defer_training_steps_reuse_programs(metrics):
