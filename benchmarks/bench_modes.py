@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 
-import torch
+# this checkout's torchtpu, not an installed one
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
-import torchtpu
+import torch  # noqa: E402
+
+import torchtpu  # noqa: E402
 from torchtpu.examples.gpt import GPTConfig, batches, make_model, synthetic_corpus
 
 
