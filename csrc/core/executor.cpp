@@ -454,6 +454,12 @@ void ReadToHost(const at::Tensor& src, void* dst) {
   StatePtr st = GetState(src.storage().unsafeGetStorageImpl());
   ET et = ToET(src.scalar_type());
   pjrt::BufferPtr buf;
+  bool whole = src.storage_offset() == 0 && src.is_contiguous() && src.numel() * src.element_size() == st->nbytes;
+  if (whole && !r.empty() && st->region_epoch == r.epoch() && st->slot >= 0) {
+    // A deferred whole storage: the flush materializes it anyway (no extra
+    // copy as a separate result).
+    r.Flush(false, "host_read");
+  }
   if (r.empty() && st->buf && st->et == et && src.storage_offset() == 0 && src.is_contiguous() &&
       st->numel == src.numel()) {
     buf = st->buf;

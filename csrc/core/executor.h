@@ -58,6 +58,7 @@ class Region {
   // defer_and_fuse: flush at detected loop boundaries or the size threshold).
   void AfterOp(uint64_t signature);
   bool empty() const { return ops_ == 0 && extra_.empty(); }
+  uint64_t epoch() const { return epoch_; }
   void CountOp() { ops_++; }
   // Discards the recording (after an error while lowering).
   void Abandon();
