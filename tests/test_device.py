@@ -353,7 +353,7 @@ def test_metrics_counts():
     m = torchtpu.metrics()
     assert m["native_ops"].get("aten::mul.Tensor", 0) == 3
     assert m["native_ops"].get("aten::add.Tensor", 0) == 3
-    assert m["cache_hits"] >= (2 if deferred else 4)  # the same programs ran again
+    assert m["cache_hits"] >= (1 if deferred else 4)  # the same programs ran again
     assert m["executions"] >= (3 if deferred else 6)
     assert m["live_buffers"] >= 2 and m["live_buffer_bytes"] >= 2 * 37 * 3 * 4
     d2h = m["bytes_device_to_host"]
