@@ -345,13 +345,16 @@ def test_metrics_counts():
     x = torch.randn(37, 3).to(DEV)
     m = torchtpu.metrics()
     assert m["bytes_host_to_device"] >= 37 * 3 * 4
+    deferred = torchtpu.get_mode() == "defer_and_fuse"
     for _ in range(3):
         y = x * 2.5 + x
+        if deferred:
+            torch.tpu.synchronize()  # one program per iteration
     m = torchtpu.metrics()
     assert m["native_ops"].get("aten::mul.Tensor", 0) == 3
     assert m["native_ops"].get("aten::add.Tensor", 0) == 3
-    assert m["cache_hits"] >= 4  # the same programs ran again
-    assert m["executions"] >= 6
+    assert m["cache_hits"] >= (1 if deferred else 4)  # the same programs ran again
+    assert m["executions"] >= (3 if deferred else 6)
     assert m["live_buffers"] >= 2 and m["live_buffer_bytes"] >= 2 * 37 * 3 * 4
     d2h = m["bytes_device_to_host"]
     y.cpu()
@@ -371,7 +374,7 @@ def test_metrics_counts():
 
 
 def test_modes():
-    assert torchtpu.get_mode() == "strict"
+    initial = torchtpu.get_mode()  # strict unless TORCHTPU_MODE says otherwise
     with torchtpu.mode("debug"):
         assert torchtpu.get_mode() == "debug"
         assert (torch.ones(3, device=DEV) + 1).cpu().tolist() == [2, 2, 2]
@@ -379,7 +382,7 @@ def test_modes():
         a = torch.ones(3, device=DEV)
         b = a * 3 + 1
         assert b.cpu().tolist() == [4, 4, 4]
-    assert torchtpu.get_mode() == "strict"
+    assert torchtpu.get_mode() == initial
     with pytest.raises(ValueError):
         torchtpu.set_mode("nope")
 

@@ -2,6 +2,7 @@
 
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <c10/util/Exception.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 
 #include <algorithm>
 #include <atomic>
@@ -24,7 +25,47 @@ thread_local int t_mode = -1;
 std::atomic<uint64_t> g_epoch{1};
 }  // namespace
 
-Mode GetMode() { return (Mode)(t_mode >= 0 ? t_mode : g_mode.load()); }
+// The thread mode (torchtpu.mode(...)) also lives in c10's ThreadLocalDebugInfo,
+// which the autograd engine propagates to its device threads: backward runs
+// in the mode of the thread that called .backward().
+namespace {
+constexpr std::string_view kModeInfoName = "TORCHTPU_MODE";
+const c10::DebugInfoKind kModeInfo(&kModeInfoName);
+struct ModeInfo : c10::DebugInfoBase {
+  explicit ModeInfo(int m) : mode(m) {}
+  int mode;
+};
+}  // namespace
+
+Mode GetMode() {
+  if (t_mode >= 0) return (Mode)t_mode;
+  if (auto* i = c10::ThreadLocalDebugInfo::get(kModeInfo)) {
+    int m = static_cast<ModeInfo*>(i)->mode;
+    if (m >= 0) return (Mode)m;
+  }
+  return (Mode)g_mode.load();
+}
+
+int GetThreadMode() { return t_mode; }
+
+void PushThreadMode(int m) {
+  {
+    std::lock_guard<std::recursive_mutex> g(Region::Lock());
+    if (!Region::Current().empty()) Region::Current().Flush();
+  }
+  c10::ThreadLocalDebugInfo::_push(kModeInfo, std::make_shared<ModeInfo>(m));
+  t_mode = m;
+}
+
+void PopThreadMode() {
+  {
+    std::lock_guard<std::recursive_mutex> g(Region::Lock());
+    if (!Region::Current().empty()) Region::Current().Flush();
+  }
+  c10::ThreadLocalDebugInfo::_pop(kModeInfo);
+  auto* i = c10::ThreadLocalDebugInfo::get(kModeInfo);
+  t_mode = i ? static_cast<ModeInfo*>(i)->mode : -1;
+}
 
 void SetMode(Mode m) {
   {
@@ -413,6 +454,12 @@ void ReadToHost(const at::Tensor& src, void* dst) {
   StatePtr st = GetState(src.storage().unsafeGetStorageImpl());
   ET et = ToET(src.scalar_type());
   pjrt::BufferPtr buf;
+  bool whole = src.storage_offset() == 0 && src.is_contiguous() && src.numel() * src.element_size() == st->nbytes;
+  if (whole && !r.empty() && st->region_epoch == r.epoch() && st->slot >= 0) {
+    // A deferred whole storage: the flush materializes it anyway (no extra
+    // copy as a separate result).
+    r.Flush(false, "host_read");
+  }
   if (r.empty() && st->buf && st->et == et && src.storage_offset() == 0 && src.is_contiguous() &&
       st->numel == src.numel()) {
     buf = st->buf;

@@ -23,6 +23,10 @@ enum class Mode { Strict = 0, Debug = 1, DeferAndFuse = 2 };
 Mode GetMode();
 void SetMode(Mode m);          // flushes pending work
 void SetThreadMode(int m);     // -1 = follow the global mode
+// Scoped thread mode (torchtpu.mode): propagated to autograd's threads.
+void PushThreadMode(int m);
+void PopThreadMode();
+int GetThreadMode();
 
 hlo::ET ToET(c10::ScalarType t);
 c10::ScalarType ToScalarType(hlo::ET t);
@@ -54,6 +58,7 @@ class Region {
   // defer_and_fuse: flush at detected loop boundaries or the size threshold).
   void AfterOp(uint64_t signature);
   bool empty() const { return ops_ == 0 && extra_.empty(); }
+  uint64_t epoch() const { return epoch_; }
   void CountOp() { ops_++; }
   // Discards the recording (after an error while lowering).
   void Abandon();

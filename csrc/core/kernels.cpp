@@ -21,9 +21,11 @@
 #include <iostream>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <unordered_set>
 
 #include "../ops/registry.h"
+#include "debug.h"
 #include "events.h"
 #include "executor.h"
 #include "runtime.h"
@@ -483,6 +485,54 @@ void StoreMeta(const std::string& key, std::shared_ptr<MetaResult> r) {
   if (g_meta_cache.size() > 65536) g_meta_cache.clear();
   g_meta_cache[key] = std::move(r);
 }
+// ---- debug-mode validation against PyTorch's meta functions
+std::string DescribeSpec(const OutSpec& o) {
+  std::ostringstream m;
+  m << "sizes " << c10::IntArrayRef(o.sizes) << ", strides " << c10::IntArrayRef(o.strides) << ", dtype "
+    << o.dtype;
+  return m.str();
+}
+
+void DebugCompareCachedMeta(const std::string& name, const std::shared_ptr<MetaResult>& cached,
+                            const MetaResult& fresh) {
+  if (!cached) return;
+  bool same = cached->rets.size() == fresh.rets.size();
+  for (size_t i = 0; same && i < fresh.rets.size(); ++i) {
+    const auto &a = cached->rets[i], &b = fresh.rets[i];
+    if (a.kind != b.kind || a.tensors.size() != b.tensors.size()) same = false;
+    for (size_t k = 0; same && k < a.tensors.size(); ++k)
+      same = a.tensors[k].sizes == b.tensors[k].sizes && a.tensors[k].strides == b.tensors[k].strides &&
+             a.tensors[k].dtype == b.tensors[k].dtype && a.tensors[k].input == b.tensors[k].input;
+  }
+  TORCH_CHECK(same, "torchtpu bug: the cached meta result of ", name,
+              " differs from PyTorch's meta function for the same arguments (meta cache key collision)");
+}
+
+// Output k of the lowering must have exactly the meta function's shape, and
+// every returned output tensor the meta function's sizes, strides and dtype.
+void DebugValidateOutputs(const std::string& name, const MetaResult& mr, const std::vector<at::Tensor>& outs,
+                          size_t n_returned, const std::vector<Value>& vals) {
+  for (size_t i = 0; i < outs.size() && i < vals.size(); ++i) {
+    hlo::Dims want(outs[i].sizes().begin(), outs[i].sizes().end());
+    TORCH_CHECK(vals[i].dims() == want, "torchtpu bug: the lowering of ", name, " returned ", vals[i].type.str(),
+                " for output ", i, ", but PyTorch's meta function gives sizes ", outs[i].sizes(), " and dtype ",
+                outs[i].scalar_type());
+  }
+  size_t k = 0;
+  for (const MetaRet& r : mr.rets) {
+    for (const OutSpec& o : r.tensors) {
+      if (k >= n_returned || k >= outs.size()) return;
+      const at::Tensor& t = outs[k++];
+      bool ok = t.sizes() == c10::IntArrayRef(o.sizes) && t.scalar_type() == o.dtype;
+      for (int64_t d = 0; ok && d < t.dim() && t.numel() > 1; ++d)
+        ok = t.size(d) <= 1 || t.stride(d) == o.strides[d];
+      TORCH_CHECK(ok, "torchtpu bug: output ", k - 1, " of ", name, " has sizes ", t.sizes(), ", strides ",
+                  t.strides(), ", dtype ", t.scalar_type(), " but PyTorch's meta function gives ",
+                  DescribeSpec(o));
+    }
+  }
+}
+
 }  // namespace
 
 void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -501,7 +551,9 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   std::string key;
   std::vector<at::Tensor> flat_inputs;
   MetaKey(schema, name, args, key, flat_inputs);
-  std::shared_ptr<MetaResult> mr = LookupMeta(key);
+  // Debug mode runs the meta kernel uncached and validates against it.
+  const bool debug = GetMode() == Mode::Debug;
+  std::shared_ptr<MetaResult> mr = debug ? nullptr : LookupMeta(key);
   if (!mr) {
     MetaConv mc;
     torch::jit::Stack mstack;
@@ -543,8 +595,10 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
       }
       mr->rets.push_back(std::move(r));
     }
+    if (debug) DebugCompareCachedMeta(name, LookupMeta(key), *mr);
     StoreMeta(key, mr);
   }
+  if (debug) DebugBoundsCheck(schema, args);
 
   std::vector<at::Tensor> outs;   // real output tensors (in order of tensor returns)
   std::vector<c10::IValue> rets;  // values to return
@@ -745,6 +799,7 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
       outs.resize(n_returned);
     TORCH_CHECK(vals.size() == outs.size(), "torchtpu: lowering of ", name, " returned ", vals.size(),
                 " values for ", outs.size(), " outputs");
+    if (debug) DebugValidateOutputs(name, *mr, outs, n_returned, vals);
     for (size_t i = 0; i < outs.size(); ++i) {
       Value v = ops::Cast(r.b(), vals[i], ToET(outs[i].scalar_type()));
       r.Write(outs[i], v);
@@ -761,7 +816,8 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   }
   GetMetrics().Native(name);
   try {
-    Finish(r, Signature(name, flat_inputs));
+    if (debug) DebugFinish(name, outs);
+    else Finish(r, Signature(name, flat_inputs));
   } catch (const pjrt::Error& e) {
     TORCH_CHECK(false, "torchtpu: ", name, " failed on the device: ", e.what());
   }

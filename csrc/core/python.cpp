@@ -2,6 +2,7 @@
 #include <torch/extension.h>
 
 #include "../ops/registry.h"
+#include "debug.h"
 #include "events.h"
 #include "executor.h"
 #include "generator.h"
@@ -68,8 +69,12 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   m.def("_set_mode", [](int mode) { tt::SetMode((tt::Mode)mode); });
+  m.def("_set_debug_nans", &tt::SetDebugNans);
+  m.def("_get_debug_nans", &tt::DebugNans);
   m.def("_get_mode", []() { return (int)tt::GetMode(); });
   m.def("_set_thread_mode", &tt::SetThreadMode);
+  m.def("_push_thread_mode", &tt::PushThreadMode);
+  m.def("_pop_thread_mode", &tt::PopThreadMode);
   m.def("_synchronize", []() { tt::SynchronizeDevice(); });
   m.def("_flush", []() {
     std::lock_guard<std::recursive_mutex> g(tt::Region::Lock());

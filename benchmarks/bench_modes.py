@@ -1,0 +1,109 @@
+"""Eager modes compared in one process: strict vs defer_and_fuse (and debug).
+
+    python benchmarks/bench_modes.py [--steps 20] [--json out.json]
+
+Reports:
+  * GPT demo training step (forward, backward, AdamW; batch 16): step time per
+    mode, the defer/strict speed-up, programs per step and the first-step
+    (compile) time;
+  * elementwise chain: 50 x (+1, *2, -1) on a 1M-element float tensor, then
+    .cpu(): time per mode and the defer/strict speed-up.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+# this checkout's torchtpu, not an installed one
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+# a cold persistent cache: the first step's time includes its compiles
+if "TORCHTPU_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["TORCHTPU_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchtpu-bench-modes-")
+
+import torch  # noqa: E402
+
+import torchtpu  # noqa: E402
+from torchtpu.examples.gpt import GPTConfig, batches, make_model, synthetic_corpus
+
+
+def gpt_train(mode: str, steps: int, batch: int = 16) -> dict:
+    cfg = GPTConfig()
+    corpus = synthetic_corpus(20000, cfg.vocab_size)
+    with torchtpu.mode(mode):
+        torch.tpu.synchronize()
+        model = make_model(cfg).to("tpu")
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        data = [(x.to("tpu"), y.to("tpu")) for x, y in batches(corpus, batch, cfg.block_size, steps)]
+        torch.tpu.synchronize()
+        times, programs, compiles, compile_s = [], [], [], []
+        for x, y in data:
+            m0 = torchtpu.metrics()
+            t0 = time.perf_counter()
+            loss = model(x, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss.item()
+            times.append(time.perf_counter() - t0)
+            m1 = torchtpu.metrics()
+            programs.append(m1["executions"] - m0["executions"])
+            compiles.append(m1["compiles"] - m0["compiles"])
+            compile_s.append(m1["compile_seconds"] - m0["compile_seconds"])
+    steady = times[3:] if len(times) > 6 else times[1:]
+    return {"first_step_ms": times[0] * 1000, "first_step_compile_s": compile_s[0],
+            "first_two_steps_compile_s": compile_s[0] + compile_s[1], "step_ms": statistics.median(steady) * 1000,
+            "programs_per_step": programs[-1], "compiles_after_warmup": sum(compiles[3:]),
+            "loss": loss.item()}
+
+
+def elementwise_chain(mode: str, reps: int = 5) -> dict:
+    base = torch.randn(1 << 20)
+    with torchtpu.mode(mode):
+        x0 = base.to("tpu")
+        torch.tpu.synchronize()
+
+        def run():
+            x = x0
+            for _ in range(50):
+                x = x + 1
+                x = x * 2
+                x = x - 1
+            return x.cpu()
+
+        run()  # compile
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+    return {"ms": statistics.median(times) * 1000}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    res = {"gpt": {}, "chain": {}}
+    for mode in ("strict", "defer_and_fuse"):
+        res["gpt"][mode] = gpt_train(mode, args.steps)
+    res["gpt"]["speedup_defer_vs_strict"] = res["gpt"]["strict"]["step_ms"] / res["gpt"]["defer_and_fuse"]["step_ms"]
+    for mode in ("strict", "defer_and_fuse"):
+        res["chain"][mode] = elementwise_chain(mode)
+    res["chain"]["speedup_defer_vs_strict"] = res["chain"]["strict"]["ms"] / res["chain"]["defer_and_fuse"]["ms"]
+    print(json.dumps(res, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

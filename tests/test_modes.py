@@ -1,0 +1,413 @@
+"""Eager modes: strict (default), debug and defer_and_fuse."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchtpu
+
+D = "tpu"
+MODES = ("strict", "debug", "defer_and_fuse")
+
+
+@pytest.fixture(autouse=True)
+def _restore_mode():
+    prev = torchtpu.get_mode()
+    nans = torchtpu._C._get_debug_nans()
+    yield
+    torchtpu._C._set_debug_nans(nans)
+    torchtpu.set_mode(prev)
+
+
+# ---------------------------------------------------------------- the API
+def test_set_get_mode():
+    for m in MODES:
+        torchtpu.set_mode(m)
+        assert torchtpu.get_mode() == m
+        assert torchtpu.metrics()["mode"] == m
+    with pytest.raises(ValueError, match="unknown mode"):
+        torchtpu.set_mode("fast")
+    with pytest.raises(ValueError, match="unknown mode"):
+        torchtpu.mode("fast")
+
+
+def test_mode_context_manager_nests_and_restores():
+    torchtpu.set_mode("strict")
+    with torchtpu.mode("defer_and_fuse"):
+        assert torchtpu.get_mode() == "defer_and_fuse"
+        with torchtpu.mode("debug"):
+            assert torchtpu.get_mode() == "debug"
+        assert torchtpu.get_mode() == "defer_and_fuse"
+    assert torchtpu.get_mode() == "strict"
+    # after the block the thread follows the global mode again
+    torchtpu.set_mode("debug")
+    assert torchtpu.get_mode() == "debug"
+
+
+def test_mode_is_thread_local():
+    import threading
+
+    torchtpu.set_mode("strict")
+    seen = {}
+    with torchtpu.mode("defer_and_fuse"):
+        t = threading.Thread(target=lambda: seen.setdefault("m", torchtpu.get_mode()))
+        t.start()
+        t.join()
+    assert seen["m"] == "strict"
+
+
+def test_env_var_sets_mode(pyrun):
+    for m in MODES:
+        r = pyrun("import torchtpu, torch; x = torch.ones(3, device='tpu'); print(torchtpu.get_mode(), (x + 1).sum().item())",
+                  env={"TORCHTPU_MODE": m})
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == [m, "6.0"]
+
+
+def test_switching_flushes(metrics):
+    torchtpu.set_mode("defer_and_fuse")
+    torchtpu.set_mode("defer_and_fuse")
+    x = torch.ones(8, device=D)
+    torch.tpu.synchronize()
+    torchtpu.reset_metrics()
+    y = x * 3 + 1
+    assert torchtpu.metrics()["executions"] == 0  # recorded, not run
+    torchtpu.set_mode("strict")
+    m = torchtpu.metrics()
+    assert m["executions"] == 1 and m["flush_reasons"].get("explicit", 0) == 1
+    assert y.cpu().tolist() == [4.0] * 8
+    # entering and leaving a mode block flushes too
+    torchtpu.set_mode("defer_and_fuse")
+    y = x * 5
+    with torchtpu.mode("strict"):
+        assert torchtpu.metrics()["executions"] == 2
+    assert y.cpu().tolist() == [5.0] * 8
+
+
+def test_backward_runs_in_the_callers_mode(metrics):
+    torchtpu.set_mode("strict")
+    w = torch.randn(16, 16, device=D, requires_grad=True)
+    x = torch.randn(4, 16, device=D)
+    torch.tpu.synchronize()
+    with torchtpu.mode("defer_and_fuse"):
+        torchtpu.reset_metrics()
+        loss = torch.tanh(x @ w).pow(2).sum()
+        loss.backward()
+        g = w.grad.cpu()  # one flush: forward and backward in one program
+        m = torchtpu.metrics()
+    assert m["executions"] == 1, m["flush_reasons"]
+    wc, xc = w.detach().cpu().requires_grad_(), x.cpu()
+    torch.tanh(xc @ wc).pow(2).sum().backward()
+    torch.testing.assert_close(g, wc.grad)
+
+
+# ---------------------------------------------------------------- same results in all modes
+def _views_program(dev):
+    torch.manual_seed(0)
+    base = torch.arange(60, dtype=torch.float32).reshape(5, 12).to(dev)
+    out = []
+    v = base.t()[2:9]
+    v.add_(1)
+    base.view(-1)[::7].mul_(3)
+    d = base.diagonal()
+    d.copy_(torch.ones(5, device=dev) * -2)
+    s = base[1:4, ::2]
+    s.fill_(7)
+    r = base.view(3, 20)
+    r[1] += r[0]
+    out.append(base.clone())
+    y = base[1:3] + base[2:4]  # overlapping reads after writes
+    base[0].copy_(y[0])
+    out.append(y)
+    t = base.view(torch.int32)[0]  # dtype view of a written storage
+    out.append(t.clone())
+    u = base.unsqueeze(0).expand(2, 5, 12).sum(0)
+    out.append(u)
+    z = torch.zeros(4, 4, device=dev)
+    z.t()[1].add_(torch.arange(4, dtype=torch.float32, device=dev))
+    out.append(z)
+    del v, d, s, r
+    return [o.cpu() for o in out] + [base.cpu()]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_views_and_aliasing_same_in_every_mode(mode):
+    want = _views_program("cpu")
+    with torchtpu.mode(mode):
+        got = _views_program(D)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def _train_gpt(mode, steps=3):
+    from torchtpu.examples.gpt import GPTConfig, batches, make_model, synthetic_corpus
+
+    cfg = GPTConfig()
+    corpus = synthetic_corpus(2000, cfg.vocab_size)
+    with torchtpu.mode(mode):
+        model = make_model(cfg).to(D)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        losses = []
+        for x, y in batches(corpus, 16, cfg.block_size, steps):
+            loss = model(x.to(D), y.to(D))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        params = [p.detach().cpu() for p in model.parameters()]
+    return losses, params
+
+
+def test_gpt_training_same_in_every_mode():
+    ref_losses, ref_params = _train_gpt("strict")
+    for mode in ("debug", "defer_and_fuse"):
+        losses, params = _train_gpt(mode)
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-5)
+        for p, q in zip(params, ref_params):
+            torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-4)  # fusion rounds differently
+
+
+# ---------------------------------------------------------------- debug mode
+def _T(*a, **k):
+    return torch.tensor(*a, **k)
+
+
+BOUNDS = {
+    "index_select": lambda d: torch.index_select(torch.randn(3, 4, device=d), 0, _T([0, 5], device=d)),
+    "embedding": lambda d: F.embedding(_T([[0, 7]], device=d), torch.randn(3, 4, device=d)),
+    "gather": lambda d: torch.gather(torch.randn(3, 4, device=d), 1, _T([[0, 9]], device=d)),
+    "gather_neg": lambda d: torch.gather(torch.randn(3, 4, device=d), 1, _T([[0, -1]], device=d)),
+    "scatter": lambda d: torch.zeros(3, 4, device=d).scatter_(1, _T([[0, 9]], device=d), 1.0),
+    "scatter_add": lambda d: torch.zeros(3, 4, device=d).scatter_add_(1, _T([[0, 9]], device=d),
+                                                                      torch.ones(1, 2, device=d)),
+    "index_put": lambda d: torch.zeros(3, 4, device=d).index_put_((_T([5], device=d),), _T(1.0, device=d)),
+    "index_put_neg": lambda d: torch.zeros(3, 4, device=d).index_put_((_T([-4], device=d),), _T(1.0, device=d)),
+    "index_add": lambda d: torch.zeros(3, 4, device=d).index_add_(0, _T([5], device=d), torch.ones(1, 4, device=d)),
+    "nll_loss": lambda d: F.nll_loss(torch.randn(3, 4, device=d), _T([0, 4, 1], device=d)),
+    "cross_entropy": lambda d: F.cross_entropy(torch.randn(3, 4, device=d), _T([0, -1, 1], device=d)),
+    "advanced_index": lambda d: torch.randn(3, 4, device=d)[_T([0, 5], device=d)],
+    "advanced_index_dim1": lambda d: torch.randn(3, 4, device=d)[:, _T([0, 4], device=d)],
+    "setitem": lambda d: torch.zeros(3, 4, device=d).__setitem__(_T([3], device=d), 2.0),
+}
+
+
+def _err(fn, dev):
+    try:
+        fn(dev)
+    except Exception as e:  # noqa: BLE001
+        return type(e), str(e).split("\n")[0]
+    return None
+
+
+@pytest.mark.parametrize("case", sorted(BOUNDS))
+def test_debug_bounds_errors_match_cpu(case):
+    want = _err(BOUNDS[case], "cpu")
+    assert want is not None
+    with torchtpu.mode("debug"):
+        got = _err(BOUNDS[case], D)
+    assert got == want
+
+
+def test_debug_bounds_valid_indices_and_ignore_index():
+    with torchtpu.mode("debug"):
+        x = torch.randn(3, 4, device=D)
+        assert x[_T([-3, 2], device=D)].shape == (2, 4)
+        loss = F.cross_entropy(x, _T([0, 9, 1], device=D), ignore_index=9)
+        ref = F.cross_entropy(x.cpu(), torch.tensor([0, 9, 1]), ignore_index=9)
+        torch.testing.assert_close(loss.cpu(), ref)
+        torch.testing.assert_close(torch.gather(x, 1, _T([[3, 0]], device=D)).cpu(),
+                                   torch.gather(x.cpu(), 1, torch.tensor([[3, 0]])))
+
+
+@pytest.mark.parametrize("case", ["index_select", "gather", "advanced_index", "nll_loss"])
+def test_strict_mode_does_not_bounds_check(case):
+    with torchtpu.mode("strict"):
+        out = BOUNDS[case](D)  # XLA clamps: no error, no host sync
+        out.cpu()
+
+
+def test_debug_runs_each_op_synchronously(metrics):
+    with torchtpu.mode("debug"):
+        x = torch.ones(4, device=D)
+        torch.tpu.synchronize()
+        torchtpu.reset_metrics()
+        y = x + 1
+        z = y * 2
+        m = torchtpu.metrics()
+        assert m["executions"] == 2 and m["flush_reasons"].get("debug") == 2
+        # argument errors are raised by the op's own call, naming it
+        with pytest.raises(RuntimeError, match="broadcast"):
+            x + torch.ones(5, device=D)
+        assert z.cpu().tolist() == [4.0] * 4
+
+
+def test_debug_nan_detection_names_op():
+    torchtpu.set_mode("debug", check_nans=True)
+    x = torch.tensor([1.0, 0.0, 4.0], device=D)
+    y = x * 2  # finite
+    with pytest.raises(RuntimeError, match=r"aten::div\.Tensor produced a non-finite value"):
+        y / x.sub(x)
+    with pytest.raises(RuntimeError, match=r"aten::log produced a non-finite value"):
+        torch.log(x)
+    # integer outputs are not checked; without check_nans nothing is raised
+    (torch.arange(3, device=D) * 2).cpu()
+    torchtpu.set_mode("debug", check_nans=False)
+    assert torch.isnan((x - x) / (x - x)).all().item()
+
+
+def test_debug_nans_env(pyrun):
+    r = pyrun("import torch, torchtpu\nx = torch.zeros(2, device='tpu')\n"
+              "try:\n    torch.sqrt(x - 1)\nexcept RuntimeError as e:\n    print(str(e).split(chr(10))[0])",
+              env={"TORCHTPU_MODE": "debug", "TORCHTPU_DEBUG_NANS": "1"})
+    assert r.returncode == 0, r.stderr
+    assert "aten::sqrt produced a non-finite value" in r.stdout
+
+
+def test_debug_validates_against_meta():
+    # ops run their meta function uncached in debug mode and compare the
+    # written outputs: a correct op passes, including out= and views.
+    with torchtpu.mode("debug"):
+        a = torch.randn(4, 6, device=D)
+        out = torch.empty(0, device=D)
+        torch.add(a, 1, out=out)
+        assert out.shape == (4, 6)
+        b = a.t().contiguous()
+        torch.testing.assert_close(b.cpu(), a.cpu().t())
+
+
+# ---------------------------------------------------------------- defer_and_fuse
+def test_defer_elementwise_chain_is_one_program(metrics):
+    x = torch.randn(1000, device=D)
+    torch.tpu.synchronize()
+    with torchtpu.mode("defer_and_fuse"):
+        torchtpu.reset_metrics()
+        y = x
+        for _ in range(20):
+            y = (y + 1) * 2 - 1
+        got = y.cpu()
+        m = torchtpu.metrics()
+    assert m["executions"] == 1 and m["programs"] == 1
+    assert m["flush_reasons"] == {"host_read": 1}
+    assert m["ops_per_program"] == 60
+    ref = x.cpu()
+    for _ in range(20):
+        ref = (ref + 1) * 2 - 1
+    torch.testing.assert_close(got, ref)
+
+
+def test_defer_size_threshold(pyrun):
+    r = pyrun("import torch, torchtpu\ntorchtpu.set_mode('defer_and_fuse')\nx = torch.ones(10, device='tpu')\n"
+              "torch.tpu.synchronize(); torchtpu.reset_metrics()\n"
+              "for i in range(25):\n    x = torch.cat([x, x[:1]])  # growing: no loop period\n"
+              "m = torchtpu.metrics(); print(m['flush_reasons'].get('size_threshold', 0), x.sum().item())",
+              env={"TORCHTPU_DEFER_MAX_OPS": "10"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["2", "35.0"]
+
+
+def test_defer_training_steps_reuse_programs(metrics):
+    from torchtpu.examples.gpt import GPTConfig, batches, make_model, synthetic_corpus
+
+    cfg = GPTConfig()
+    corpus = synthetic_corpus(2000, cfg.vocab_size)
+    with torchtpu.mode("defer_and_fuse"):
+        model = make_model(cfg).to(D)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        stats = []
+        for x, y in batches(corpus, 16, cfg.block_size, 6):
+            m0 = torchtpu.metrics()
+            loss = model(x.to(D), y.to(D))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss.item()
+            m1 = torchtpu.metrics()
+            stats.append({k: m1[k] - m0[k] for k in ("executions", "compiles", "flushes", "programs")})
+    # a step is a handful of fused programs, not one per op
+    assert all(s["programs"] <= 8 for s in stats), stats
+    n_ops = sum(torchtpu.metrics()["native_ops"].values())
+    assert n_ops / max(1, sum(s["programs"] for s in stats)) > 20
+    # after warm-up a training step compiles nothing new
+    assert all(s["compiles"] == 0 for s in stats[3:]), stats
+
+
+def test_defer_donates_updated_storages(metrics):
+    # in-place updates of a live storage (params, optimizer state) donate
+    # the old buffer: the number of live buffers stays flat across steps
+    with torchtpu.mode("defer_and_fuse"):
+        p = torch.randn(256, device=D)
+        g = torch.randn(256, device=D)
+        torch.tpu.synchronize()
+        live = []
+        for _ in range(5):
+            p.add_(g, alpha=-0.1)
+            p.mul_(0.99)
+            torch.tpu.synchronize()
+            live.append(torchtpu.metrics()["live_buffers"])
+        assert live[-1] <= live[1]
+
+
+def test_defer_intermediates_not_materialized(metrics):
+    with torchtpu.mode("defer_and_fuse"):
+        x = torch.randn(1 << 16, device=D)
+        torch.tpu.synchronize()
+        torchtpu.reset_metrics()
+        before = torchtpu.metrics()["live_buffers"]
+        y = x
+        for _ in range(10):
+            y = y * 1.5 + 1  # every intermediate dies at once
+        torch.tpu.synchronize()
+        after = torchtpu.metrics()["live_buffers"]
+        assert after - before <= 2  # y (and scalar constants), not 20 intermediates
+        torch.testing.assert_close(y.cpu()[:4], _chain(x.cpu()[:4]))
+
+
+def _chain(x):
+    for _ in range(10):
+        x = x * 1.5 + 1
+    return x
+
+
+def test_defer_random_ops_distinct(metrics):
+    with torchtpu.mode("defer_and_fuse"):
+        torch.manual_seed(0)
+        a = torch.rand(1000, device=D)
+        b = torch.rand(1000, device=D)
+        c = torch.randn(1000, device=D)
+        d = torch.nn.functional.dropout(torch.ones(1000, device=D), 0.5)
+        e = torch.nn.functional.dropout(torch.ones(1000, device=D), 0.5)
+        a, b, c, d, e = (t.cpu() for t in (a, b, c, d, e))
+    assert not torch.equal(a, b)
+    assert not torch.equal(d, e)
+    with torchtpu.mode("strict"):
+        torch.manual_seed(0)
+        a2 = torch.rand(1000, device=D).cpu()
+    torch.testing.assert_close(a, a2)  # same stream as strict mode
+
+
+def test_defer_cpu_fallback_sees_deferred_values(metrics):
+    with torchtpu.mode("defer_and_fuse"):
+        x = torch.arange(10.0, device=D)
+        x.mul_(2)
+        # an op with no lowering runs on the CPU: it must read the deferred value
+        names = set(torchtpu.lowered_ops())
+        if "aten::kthvalue" in names:
+            pytest.skip("kthvalue is lowered now")
+        v, i = torch.kthvalue(x, 3)
+        assert v.item() == 4.0
+        y = x + v
+        assert y.cpu()[0].item() == 4.0
+
+
+def test_defer_loop_detection(metrics):
+    with torchtpu.mode("defer_and_fuse"):
+        w = torch.randn(32, 32, device=D)
+        h = torch.randn(4, 32, device=D)
+        torch.tpu.synchronize()
+        torchtpu.reset_metrics()
+        for _ in range(2000):
+            h = torch.tanh(h @ w) * 0.5
+        h.cpu()
+        m = torchtpu.metrics()
+    assert m["loops_detected"] >= 1
+    # regions are cut at the loop boundary: few distinct programs, many hits
+    assert m["compiles"] <= 4 and m["cache_hits"] >= 2, m
