@@ -217,7 +217,7 @@ std::vector<Value> PreluBackward(LowerCtx& c) {
   if (c.out(1).dims.size() > d.size()) d = c.out(1).dims;
   // the broadcast shape of grad, self and weight
   for (size_t k : {0, 1, 2}) {
-    const Dims& e = c.t(k).dims();
+    Dims e = c.t(k).dims();
     if (e.size() > d.size()) d.insert(d.begin(), e.size() - d.size(), 1);
     for (size_t i = 0; i < e.size(); ++i) {
       int64_t& t = d[d.size() - e.size() + i];

@@ -98,7 +98,7 @@ TT_LOWERINGS(({"aten::huber_loss_backward", "aten::huber_loss_backward.out"}), S
 std::vector<Value> Bce(LowerCtx& c) {
   Builder& b = c.b;
   ET ct = ComputeType(c.out().et);
-  const Dims& d = c.t(0).dims();
+  Dims d = c.t(0).dims();
   Value x = Cast(b, c.t(0), ct), t = Bcast(b, c.t(1), d, ct);
   Value lo = S(b, x, -100);
   Value lx = b.Max(b.Unary("log", x), lo);
