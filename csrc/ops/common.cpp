@@ -33,7 +33,7 @@ std::vector<std::string> RegisteredOps() {
   return v;
 }
 
-Value LowerCtx::t(size_t i) const {
+const Value& LowerCtx::t(size_t i) const {
   const Arg& a = arg(i);
   if (a.kind == Arg::Tensor || a.kind == Arg::Scalar) return a.v;
   fail("argument " + std::to_string(i) + " is not a tensor");

@@ -65,7 +65,7 @@ struct LowerCtx {
     return args[i];
   }
   bool has(size_t i) const { return i < args.size() && !args[i].is_none(); }
-  Value t(size_t i) const;                 // tensor argument
+  const Value& t(size_t i) const;         // tensor argument (lives as long as the ctx)
   std::vector<Value> tl(size_t i) const;   // tensor list argument
   Value scalar(size_t i, ET et) const;     // scalar/tensor argument converted to et
   int64_t i64(size_t i) const;
