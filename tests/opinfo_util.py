@@ -57,7 +57,9 @@ LOOSE_OPS = {
 UNINITIALIZED = {"empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided",
                  "empty_permuted", "nn.functional.dropout", "nn.functional.dropout2d",
                  "nn.functional.dropout3d", "nn.functional.alpha_dropout",
-                 "nn.functional.feature_alpha_dropout", "nn.functional.rrelu"}
+                 "nn.functional.feature_alpha_dropout", "nn.functional.rrelu",
+                 # samples with training=True apply dropout (random)
+                 "nn.functional.multi_head_attention_forward"}
 
 
 def op_key(op) -> str:
