@@ -53,13 +53,6 @@ XFAIL = {
 
 # op -> reason: correct, but some variant still runs through the CPU fallback.
 KNOWN_FALLBACK = {
-    "prod": "backward calls aten::nonzero (data-dependent shape)",
-    "nn.functional.max_pool2d": "max_pool2d_with_indices(.out/_backward) not lowered yet",
-    "masked_fill": "backward calls aten::masked_select (data-dependent shape)",
-    "index_put": "boolean-mask indices call aten::nonzero (data-dependent shape)",
-    "sort": "sort.values_stable not lowered yet",
-    "topk": "topk.values not lowered yet",
-    "argsort": "sort.values_stable not lowered yet",
 }
 
 _OPS = None
@@ -82,7 +75,7 @@ def _params(keys, fast):
     return out
 
 
-def _check(key, limit, require_native):
+def _check(key, limit, require_native, stale_if_native=False):
     op = _ops()[key]
     if not U.supports_dtype(op, torch.float32):
         pytest.skip("float32 not supported on cpu")
@@ -97,6 +90,8 @@ def _check(key, limit, require_native):
     assert not bad, "\n".join(bad)
     if require_native:
         assert not fallbacks, f"ran through the CPU fallback: {sorted(fallbacks)}"
+    if stale_if_native:
+        assert fallbacks, f"{key} now runs natively: remove it from KNOWN_FALLBACK"
 
 
 def test_fast_ops_exist():
@@ -108,7 +103,7 @@ def test_fast_ops_exist():
 
 @pytest.mark.parametrize("key", _params(FAST_OPS, fast=True))
 def test_opinfo_fast(key):
-    _check(key, limit=2, require_native=key not in KNOWN_FALLBACK)
+    _check(key, limit=2, require_native=key not in KNOWN_FALLBACK, stale_if_native=key in KNOWN_FALLBACK)
 
 
 def _all_keys():
