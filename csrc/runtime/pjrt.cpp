@@ -5,6 +5,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <thread>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -459,7 +460,53 @@ std::string DefaultCompileOptions() {
   // Portable: the executable runs on the device given at execution, which is
   // the one device this process drives (not necessarily device 0).
   static const char kBytes[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01, 0x20, 0x01};
-  return std::string(kBytes, sizeof(kBytes));
+  std::string out(kBytes, sizeof(kBytes));
+  // XLA debug-option overrides: TORCHTPU_XLA_OPTIONS="name=value,name=value"
+  // (env_option_overrides, field 7: map<string, OptionOverrideProto>).
+  if (const char* env = std::getenv("TORCHTPU_XLA_OPTIONS"); env && *env) {
+    std::string spec(env);
+    size_t pos = 0;
+    while (pos < spec.size()) {
+      size_t end = spec.find(',', pos);
+      if (end == std::string::npos) end = spec.size();
+      std::string item = spec.substr(pos, end - pos);
+      pos = end + 1;
+      size_t eq = item.find('=');
+      if (eq == std::string::npos) continue;
+      std::string key = item.substr(0, eq), val = item.substr(eq + 1);
+      std::string ov;  // OptionOverrideProto
+      auto varint = [](std::string& o, uint64_t v) {
+        do {
+          uint8_t b = v & 0x7f;
+          v >>= 7;
+          o.push_back((char)(b | (v ? 0x80 : 0)));
+        } while (v);
+      };
+      if (val == "true" || val == "false") {
+        ov.push_back(0x10);
+        varint(ov, val == "true");
+      } else if (!val.empty() && (isdigit((unsigned char)val[0]) || val[0] == '-') &&
+                 val.find_first_not_of("-0123456789") == std::string::npos) {
+        ov.push_back(0x18);
+        varint(ov, (uint64_t)std::stoll(val));
+      } else {
+        ov.push_back(0x0a);
+        varint(ov, val.size());
+        ov += val;
+      }
+      std::string entry;
+      entry.push_back(0x0a);
+      varint(entry, key.size());
+      entry += key;
+      entry.push_back(0x12);
+      varint(entry, ov.size());
+      entry += ov;
+      out.push_back(0x3a);
+      varint(out, entry.size());
+      out += entry;
+    }
+  }
+  return out;
 }
 
 size_t ElementSize(PJRT_Buffer_Type t) {
