@@ -279,3 +279,36 @@ ET CommonType(const LowerCtx& c, std::initializer_list<size_t> idx) {
 }
 
 }  // namespace tt::ops
+
+namespace tt::ops {
+
+Value WrapIndex(Builder& b, Value idx, int64_t size) {
+  idx = Cast(b, idx, ET::S64);
+  Value neg = b.Compare(idx, b.Zeros(idx.type), "LT");
+  return b.Select(neg, b.Add(idx, b.Splat(idx.type, (double)size)), idx);
+}
+
+hlo::Region ScatterCombiner(ET et, const std::string& how) {
+  hlo::Region reg;
+  reg.arg_types = {Type(et, {}), Type(et, {})};
+  reg.body = [how, et](Builder& b, const std::vector<Value>& a) {
+    bool p = et == ET::PRED;
+    if (how == "add") return std::vector<Value>{p ? b.Binary("or", a[0], a[1]) : b.Add(a[0], a[1])};
+    if (how == "multiply") return std::vector<Value>{p ? b.Binary("and", a[0], a[1]) : b.Mul(a[0], a[1])};
+    if (how == "max") return std::vector<Value>{p ? b.Binary("or", a[0], a[1]) : b.Max(a[0], a[1])};
+    if (how == "min") return std::vector<Value>{p ? b.Binary("and", a[0], a[1]) : b.Min(a[0], a[1])};
+    return std::vector<Value>{a[1]};
+  };
+  return reg;
+}
+
+std::string PadAttr(const Dims& lo, const Dims& hi) {
+  std::string s = "dense<[";
+  for (size_t i = 0; i < lo.size(); ++i) {
+    if (i) s += ", ";
+    s += "[" + std::to_string(lo[i]) + ", " + std::to_string(hi[i]) + "]";
+  }
+  return s + "]> : tensor<" + std::to_string(lo.size()) + "x2xi64>";
+}
+
+}  // namespace tt::ops

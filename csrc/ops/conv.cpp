@@ -12,14 +12,6 @@ namespace {
 
 std::string Arr(const Dims& v) { return hlo::I64Array(v); }
 
-std::string PadAttr(const Dims& lo, const Dims& hi) {
-  std::string s = "dense<[";
-  for (size_t i = 0; i < lo.size(); ++i) {
-    if (i) s += ", ";
-    s += "[" + std::to_string(lo[i]) + ", " + std::to_string(hi[i]) + "]";
-  }
-  return s + "]> : tensor<" + std::to_string(lo.size()) + "x2xi64>";
-}
 
 std::string Spatial(int n) {
   std::string s;

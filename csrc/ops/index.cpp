@@ -21,22 +21,7 @@ std::string List(const Dims& d) {
   return s + "]";
 }
 
-Value WrapNeg(Builder& b, Value idx, int64_t size) {
-  idx = Cast(b, idx, ET::S64);
-  Value neg = b.Compare(idx, b.Zeros(idx.type), "LT");
-  return b.Select(neg, b.Add(idx, b.Splat(idx.type, (double)size)), idx);
-}
 
-hlo::Region Combiner(ET et, const std::string& how) {
-  hlo::Region reg;
-  reg.arg_types = {Type(et, {}), Type(et, {})};
-  reg.body = [how, et](Builder& b, const std::vector<Value>& a) {
-    if (how == "add") return std::vector<Value>{et == ET::PRED ? b.Binary("or", a[0], a[1]) : b.Add(a[0], a[1])};
-    if (how == "multiply") return std::vector<Value>{et == ET::PRED ? b.Binary("and", a[0], a[1]) : b.Mul(a[0], a[1])};
-    return std::vector<Value>{a[1]};
-  };
-  return reg;
-}
 
 // operand[coords[..., :]] for full coordinate tuples (index_vector_dim last).
 Value PointGather(Builder& b, Value x, Value coords) {
@@ -56,7 +41,7 @@ Value PointScatter(Builder& b, Value x, Value coords, Value upd, const std::stri
                "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = " + Seq(0, r) +
                    ", scatter_dims_to_operand_dims = " + Seq(0, r) + ", index_vector_dim = " +
                    std::to_string(nb) + ">, indices_are_sorted = false, unique_indices = false",
-               {Combiner(x.et(), how)});
+               {ScatterCombiner(x.et(), how)});
 }
 
 // Coordinates for gather/scatter along `dim`: [*index.shape, rank].
@@ -83,7 +68,7 @@ std::vector<Value> IndexSelect(LowerCtx& c) {
   Value idx = c.t(2);
   int64_t k = idx.type.numel();
   if (k == 0) return {b.Zeros(o)};
-  idx = b.Reshape(WrapNeg(b, idx, x.dims()[dim]), {k, 1});
+  idx = b.Reshape(WrapIndex(b, idx, x.dims()[dim]), {k, 1});
   Dims offs, slice = x.dims();
   slice[dim] = 1;
   for (int d = 0; d < x.rank(); ++d)
@@ -112,7 +97,7 @@ std::vector<Value> IndexAdd(LowerCtx& c) {
   int64_t dim = NormDim(c.i64(1), x.rank());
   int64_t k = idx.type.numel();
   if (k == 0) return {x};
-  idx = b.Reshape(WrapNeg(b, idx, x.dims()[dim]), {k, 1});
+  idx = b.Reshape(WrapIndex(b, idx, x.dims()[dim]), {k, 1});
   Dims sd = x.dims();
   sd[dim] = k;
   src = b.Reshape(src, sd);
@@ -124,7 +109,7 @@ std::vector<Value> IndexAdd(LowerCtx& c) {
                     ", inserted_window_dims = [" + std::to_string(dim) +
                     "], scatter_dims_to_operand_dims = [" + std::to_string(dim) +
                     "], index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false",
-                {Combiner(x.et(), "add")})};
+                {ScatterCombiner(x.et(), "add")})};
 }
 TT_LOWERINGS(({"aten::index_add", "aten::index_add_", "aten::index_add.out"}), IndexAdd);
 
@@ -229,7 +214,7 @@ Adv AdvSetup(LowerCtx& c, Value x, std::vector<Value> idx) {
   Dims cd = a.B;
   cd.push_back(1);
   std::vector<Value> parts;
-  for (auto d : D) parts.push_back(b.Reshape(b.BroadcastTo(WrapNeg(b, idx[d], x.dims()[d]), a.B), cd));
+  for (auto d : D) parts.push_back(b.Reshape(b.BroadcastTo(WrapIndex(b, idx[d], x.dims()[d]), a.B), cd));
   a.coords = b.Concat(parts, (int64_t)a.B.size());
   bool adjacent = D.back() - D.front() + 1 == (int64_t)D.size();
   a.insert = adjacent ? D.front() : 0;
@@ -301,7 +286,7 @@ std::vector<Value> IndexPut(LowerCtx& c) {
                       Seq(nb, nb + a.rest.size()) + ", inserted_window_dims = " + Seq(0, nd) +
                       ", scatter_dims_to_operand_dims = " + Seq(0, nd) + ", index_vector_dim = " +
                       std::to_string(nb) + ">, indices_are_sorted = false, unique_indices = false",
-                  {Combiner(x.et(), acc ? "add" : "replace")});
+                  {ScatterCombiner(x.et(), acc ? "add" : "replace")});
   return {b.Transpose(r, Inverse(a.perm))};
 }
 TT_LOWERINGS(({"aten::index_put", "aten::index_put_", "aten::index_put.out", "aten::index_put.hacked_twin",

@@ -10,25 +10,7 @@
 namespace tt::ops {
 namespace {
 
-Value Wrap(Builder& b, Value idx, int64_t size) {
-  idx = Cast(b, idx, ET::S64);
-  Value neg = b.Compare(idx, b.Zeros(idx.type), "LT");
-  return b.Select(neg, b.Add(idx, b.Splat(idx.type, (double)size)), idx);
-}
 
-hlo::Region Comb(ET et, const std::string& how) {
-  hlo::Region reg;
-  reg.arg_types = {Type(et, {}), Type(et, {})};
-  reg.body = [how, et](Builder& b, const std::vector<Value>& a) {
-    bool p = et == ET::PRED;
-    if (how == "add") return std::vector<Value>{p ? b.Binary("or", a[0], a[1]) : b.Add(a[0], a[1])};
-    if (how == "multiply") return std::vector<Value>{p ? b.Binary("and", a[0], a[1]) : b.Mul(a[0], a[1])};
-    if (how == "max") return std::vector<Value>{p ? b.Binary("or", a[0], a[1]) : b.Max(a[0], a[1])};
-    if (how == "min") return std::vector<Value>{p ? b.Binary("and", a[0], a[1]) : b.Min(a[0], a[1])};
-    return std::vector<Value>{a[1]};
-  };
-  return reg;
-}
 
 // Scatter of rows: out[idx[i], ...] (op)= upd[i, ...]; idx: [K] s64 along dim 0.
 // Out-of-range rows are dropped.
@@ -42,7 +24,7 @@ Value RowScatter(Builder& b, Value x, Value idx, Value upd, const std::string& h
                "scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = " + hlo::IntList(win) +
                    ", inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, "
                    "indices_are_sorted = false, unique_indices = false",
-               {Comb(x.et(), how)});
+               {ScatterCombiner(x.et(), how)});
 }
 
 // Rows of x (dim 0) at idx: [K, ...].
@@ -115,7 +97,7 @@ std::vector<Value> Take(LowerCtx& c) {
   Value x = c.t(0);
   if (o.numel() == 0) return {b.Zeros(o)};
   int64_t n = x.type.numel();
-  Value idx = Wrap(b, Flat(b, c.t(1)), n);
+  Value idx = WrapIndex(b, Flat(b, c.t(1)), n);
   return {b.Reshape(RowGather(b, Flat(b, x), idx), o.dims)};
 }
 TT_LOWERINGS(({"aten::take", "aten::take.out"}), Take);
@@ -127,7 +109,7 @@ std::vector<Value> Put(LowerCtx& c) {
   if (idx.type.numel() == 0 || x.type.numel() == 0) return {x};
   int64_t n = x.type.numel();
   Value src = Flat(b, Cast(b, c.t(2), x.et()));
-  Value r = RowScatter(b, Flat(b, x), Wrap(b, Flat(b, idx), n), src, c.flag(3) ? "add" : "replace");
+  Value r = RowScatter(b, Flat(b, x), WrapIndex(b, Flat(b, idx), n), src, c.flag(3) ? "add" : "replace");
   return {b.Reshape(r, x.dims())};
 }
 TT_LOWERINGS(({"aten::put_", "aten::put", "aten::put.out"}), Put);
@@ -147,7 +129,7 @@ std::vector<Value> IndexFill(LowerCtx& c) {
   Value idx = c.t(2);
   if (idx.type.numel() == 0 || o.numel() == 0) return {x};
   Value mask = b.Splat(Type(ET::PRED, {n}), 0);
-  mask = RowScatter(b, mask, Wrap(b, Flat(b, idx), n), b.Splat(Type(ET::PRED, {idx.type.numel()}), 1), "replace");
+  mask = RowScatter(b, mask, WrapIndex(b, Flat(b, idx), n), b.Splat(Type(ET::PRED, {idx.type.numel()}), 1), "replace");
   Value mb = b.Broadcast(mask, x.dims(), {dim});
   Value v = b.BroadcastTo(b.Reshape(Cast(b, c.t(3), o.et), {}), x.dims());
   return {b.Select(mb, v, x)};
@@ -168,7 +150,7 @@ std::vector<Value> IndexCopy(LowerCtx& c) {
   Dims sd = x.dims();
   sd[dim] = idx.type.numel();
   Value st = MoveToFront(b, b.Reshape(src, sd), dim);
-  Value r = RowScatter(b, xt, Wrap(b, Flat(b, idx), x.dims()[dim]), st, "replace");
+  Value r = RowScatter(b, xt, WrapIndex(b, Flat(b, idx), x.dims()[dim]), st, "replace");
   return {MoveBack(b, r, dim)};
 }
 TT_LOWERINGS(({"aten::index_copy", "aten::index_copy_", "aten::index_copy.out"}), IndexCopy);
@@ -225,7 +207,7 @@ Value PointScatter2(Builder& b, Value x, Value coords, Value upd, const std::str
                "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = " + seq +
                    ", scatter_dims_to_operand_dims = " + seq + ", index_vector_dim = " +
                    std::to_string(coords.rank() - 1) + ">, indices_are_sorted = false, unique_indices = false",
-               {Comb(x.et(), how)});
+               {ScatterCombiner(x.et(), how)});
 }
 
 std::vector<Value> ScatterReduce(LowerCtx& c) {
@@ -243,7 +225,7 @@ std::vector<Value> ScatterReduce(LowerCtx& c) {
   Value src = Cast(b, c.t(3), et);
   if (src.rank() == 0) src = b.Reshape(src, Dims(x.rank(), 1));
   Value upd = b.Slice(src, Dims(idx.rank(), 0), idx.dims(), Dims(idx.rank(), 1));
-  idx = Wrap(b, idx, x.dims()[dim]);
+  idx = WrapIndex(b, idx, x.dims()[dim]);
   Value coords = DimCoords2(b, idx, dim);
   std::string how = red == "sum" || red == "mean" ? "add" : red == "prod" ? "multiply" : red == "amax" ? "max" : "min";
   Value base = x;

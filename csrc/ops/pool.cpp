@@ -12,14 +12,6 @@
 namespace tt::ops {
 namespace {
 
-std::string PadAttr(const Dims& lo, const Dims& hi) {
-  std::string s = "dense<[";
-  for (size_t i = 0; i < lo.size(); ++i) {
-    if (i) s += ", ";
-    s += "[" + std::to_string(lo[i]) + ", " + std::to_string(hi[i]) + "]";
-  }
-  return s + "]> : tensor<" + std::to_string(lo.size()) + "x2xi64>";
-}
 
 Dims Expand(Dims v, int n, int64_t dflt) {
   if (v.empty()) return Dims(n, dflt);

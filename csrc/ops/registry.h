@@ -141,6 +141,13 @@ struct MultiRegistrar {
   static ::tt::ops::MultiRegistrar TT_CAT(tt_mreg_, __COUNTER__)(std::initializer_list<const char*> names, \
                                                                  fn, false, true)
 
+// Negative indices wrap: idx < 0 ? idx + size : idx (as s64).
+Value WrapIndex(Builder& b, Value idx, int64_t size);
+// Scatter update region: "add", "multiply", "max", "min", or replace.
+hlo::Region ScatterCombiner(ET et, const std::string& how);
+// padding attribute text: dense<[[lo0, hi0], ...]> : tensor<Nx2xi64>
+std::string PadAttr(const Dims& lo, const Dims& hi);
+
 // torch.result_type over the given argument positions (tensors, scalars).
 ET CommonType(const LowerCtx& c, std::initializer_list<size_t> idx);
 ET PromoteET(ET a, ET b);
