@@ -18,7 +18,8 @@ print(json.dumps({"compiles": m["compiles"], "disk": m["disk_cache_hits"]}))
 
 
 def _run(pyrun, cache_dir, compile_graph=False, extra_env=None):
-    env = {"TORCHTPU_CACHE_DIR": cache_dir}
+    # strict mode: one program per op, so the test has several entries to corrupt
+    env = {"TORCHTPU_CACHE_DIR": cache_dir, "TORCHTPU_MODE": "strict"}
     env.update(extra_env or {})
     r = pyrun("COMPILE = %s\n" % compile_graph + PROG, env=env, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -63,7 +64,8 @@ def test_concurrent_processes_share_the_directory(pyrun, tmp_path):
     d = str(tmp_path / "cache")
     from conftest import ROOT
 
-    env = dict(os.environ, TORCHTPU_CACHE_DIR=d, PYTHONPATH=ROOT, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=d, PYTHONPATH=ROOT, TORCH_DEVICE_BACKEND_AUTOLOAD="0",
+               TORCHTPU_MODE="strict")
     procs = [subprocess.Popen([sys.executable, "-c", "COMPILE = False\n" + PROG], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
     for p in procs:
@@ -93,7 +95,7 @@ def test_info_and_clear(pyrun, tmp_path):
     _run(pyrun, d)
     code = ("import json, torchtpu.cache as c; i = c.info(); n = c.clear(); "
             "print(json.dumps([i, n, c.info()]))")
-    r = pyrun(code, env={"TORCHTPU_CACHE_DIR": d})
+    r = pyrun(code, env={"TORCHTPU_CACHE_DIR": d, "TORCHTPU_MODE": "strict"})
     assert r.returncode == 0, r.stderr
     info, n, after = json.loads(r.stdout.strip().splitlines()[-1])
     assert info["entries"] == n > 0 and info["bytes"] > 0 and info["directory"] == d
