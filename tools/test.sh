@@ -22,3 +22,12 @@ if [ -n "$BUILD_DIR" ] && [ -f "$BUILD_DIR/tt_core_tests" ]; then
 fi
 # shellcheck disable=SC2086
 $PY -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:--m "not slow"} tests
+# The same semantics in every eager mode: a representative subset again in the
+# other two modes (the whole suite passes in each; run it with TORCHTPU_MODE=...).
+if [ -z "${PYTEST_ARGS:-}" ]; then
+  for mode in defer_and_fuse debug; do
+    echo "== TORCHTPU_MODE=$mode"
+    TORCHTPU_MODE=$mode $PY -m pytest -q -p no:cacheprovider -m "not slow" \
+      tests/test_basic.py tests/test_views.py tests/test_copy.py tests/test_ops_nn.py tests/test_ops_train.py
+  done
+fi
