@@ -347,7 +347,8 @@ def _compiled_call(fn, args, kwargs):
     why = []
     if s1["graph_fallbacks"] != s0["graph_fallbacks"]:
         why += [f"graph:{k}" for k, v in r1.items() if v != r0.get(k, 0)] or ["graph:?"]
-    why += [f"graph_break:{k}"[:200] for k, v in b1.items() if v != b0.get(k, 0)]
+    why += [f"graph_break:{k.strip().splitlines()[0] if k.strip() else k}"[:200]
+            for k, v in b1.items() if v != b0.get(k, 0)]
     if s1["graph_calls"] == s0["graph_calls"] and not why:
         why.append("graph:no graph")
     return res, why
