@@ -25,7 +25,7 @@ COMPILE_OPS = [
     # nn
     "softmax", "log_softmax", "nn.functional.layer_norm", "nn.functional.gelu", "nn.functional.relu",
     "nn.functional.conv2d", "nn.functional.max_pool2d", "nn.functional.cross_entropy",
-    "nn.functional.embedding",
+    "nn.functional.embedding", "nn.functional.dropout",
     # indexing
     "index_select", "gather", "scatter_add", "__getitem__", "index_put", "take_along_dim",
     # shape
