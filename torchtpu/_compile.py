@@ -218,6 +218,7 @@ class _Lowerer:
                 continue
             else:
                 raise Unsupported(f"node kind {n.op}")
+        self.mutated_inputs = {m[0] for m in mutations}
         return _C._build_graph(str(id(self.gm)), self.next, input_ids, nodes, outputs, out_meta, mutations)
 
 
@@ -242,6 +243,7 @@ def _graph_compiler(gm: torch.fx.GraphModule, example_inputs):
     stats["graphs_compiled"] += 1
     returns_list = True
     consts = lw.constants
+    mutated = lw.mutated_inputs
     dev_consts: list[torch.Tensor] = []
     state = {"eager": False}
 
@@ -251,8 +253,10 @@ def _graph_compiler(gm: torch.fx.GraphModule, example_inputs):
         if consts and not dev_consts:
             dev_consts.extend(c if c.device.type == "tpu" else c.to("tpu") for c in consts)
         stats["graph_calls"] += 1
+        ins = [a.to("tpu") if isinstance(a, torch.Tensor) and a.device.type == "cpu" and k not in mutated
+               else a for k, a in enumerate(args)]  # e.g. a CPU index tensor from a closure
         try:
-            out = _C._run_graph(graph, list(args) + dev_consts)
+            out = _C._run_graph(graph, ins + dev_consts)
         except _C._LowerError as e:
             # A lowering rejected its arguments (e.g. a boolean-mask index_put): the graph is
             # abandoned before anything is written; this graph runs eagerly from now on.
