@@ -10,6 +10,9 @@ variants and returns one record per variant:
   * ``out``      ``op(..., out=...)`` when ``op.supports_out``
   * ``grad``     ``torch.autograd.grad`` of the sum of the floating outputs w.r.t. every
                  input that requires grad (``op.supports_autograd``, float32 only)
+  * ``compiled`` the functional form wrapped in ``torch.compile(fn, backend="tpu",
+                 dynamic=False)`` (not in the default ``VARIANTS``; ``run_op`` calls
+                 ``torch._dynamo.reset()`` per op when it is requested)
 
 A record is ``{"variant", "status", "native", "fallbacks", "msg"}`` where status is
   * ``pass``   tpu matches CPU (values, dtype, shape), or both raised the same exception type
@@ -18,6 +21,10 @@ A record is ``{"variant", "status", "native", "fallbacks", "msg"}`` where status
   * ``skip``   the variant does not apply to this sample
 ``native`` is True when the tpu call did not use the CPU fallback (``torchtpu.metrics()
 ["cpu_fallbacks"]`` is empty after the call): "matches CPU" through the fallback is not native.
+For ``compiled``, native also needs every captured graph to be lowered into one StableHLO
+program (``torchtpu._compile.stats["graph_fallbacks"]`` unchanged, at least one graph run,
+no Dynamo graph break); a graph run eagerly is listed in ``fallbacks`` as
+``graph:<reason>`` (``graph_break:<reason>``, ``graph:no graph``).
 """
 from __future__ import annotations
 
@@ -302,7 +309,78 @@ class _NoGrad(Exception):
     pass
 
 
+def _unwrap_dynamo(e: BaseException) -> BaseException:
+    """Dynamo wraps user errors raised while tracing (TorchRuntimeError, BackendCompilerFailed,
+    InternalTorchDynamoError...): compare the original exception type with CPU's."""
+    import torch._dynamo.exc as dexc
+
+    seen = 0
+    while isinstance(e, dexc.TorchDynamoException) and e.__cause__ is not None and seen < 8:
+        e = e.__cause__
+        seen += 1
+    if type(e).__name__ == "TorchRuntimeError" and e.__cause__ is not None:
+        e = e.__cause__
+    return e
+
+
+def _compile_stats():
+    from torchtpu import _compile as C
+    from torch._dynamo.utils import counters
+
+    return (dict(C.stats), dict(C._fallback_reasons), dict(counters["graph_break"]))
+
+
+def _plain_call(op, *args, **kwargs):
+    return op(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _no_seed_wrapper():
+    """OpInfo wraps random ops (dropout...) in wrapper_set_seed, whose freeze_rng_state runs
+    under no_dispatch(): Dynamo cannot trace that. Random outputs are compared by shape and
+    dtype only, so the compiled variant calls the op directly."""
+    import sys
+
+    from torch.testing._utils import wrapper_set_seed as orig
+
+    mods = [m for n, m in list(sys.modules.items())
+            if n.startswith("torch.testing") and getattr(m, "wrapper_set_seed", None) is orig]
+    for m in mods:
+        m.wrapper_set_seed = _plain_call
+    try:
+        yield
+    finally:
+        for m in mods:
+            m.wrapper_set_seed = orig
+
+
+def _compiled_call(fn, args, kwargs):
+    """Runs fn(*args, **kwargs) through torch.compile(backend="tpu"); returns (result, graph
+    fallbacks): a list of reasons why (part of) the call did not run as compiled graphs."""
+    def f(*a, **k):
+        return fn(*a, **k)
+
+    cf = torch.compile(f, backend="tpu", dynamic=False)
+    s0, r0, b0 = _compile_stats()
+    try:
+        with _no_seed_wrapper():
+            res = _call(cf, args, kwargs)
+        _sync(res)
+    except Exception as e:  # noqa: BLE001
+        raise _unwrap_dynamo(e) from None
+    s1, r1, b1 = _compile_stats()
+    why = []
+    if s1["graph_fallbacks"] != s0["graph_fallbacks"]:
+        why += [f"graph:{k}" for k, v in r1.items() if v != r0.get(k, 0)] or ["graph:?"]
+    why += [f"graph_break:{k.strip().splitlines()[0] if k.strip() else k}"[:200]
+            for k, v in b1.items() if v != b0.get(k, 0)]
+    if s1["graph_calls"] == s0["graph_calls"] and not why:
+        why.append("graph:no graph")
+    return res, why
+
+
 VARIANTS = ("fn", "inplace", "out", "grad")
+ALL_VARIANTS = VARIANTS + ("compiled",)
 
 
 def run_sample(op, sample, dtype, variants=VARIANTS):
@@ -317,6 +395,23 @@ def run_sample(op, sample, dtype, variants=VARIANTS):
         targs, tkw = move_sample(sample, DEVICE, op=op)
         recs.append(_run_pair("fn", op, lambda: _call(fn, clone_tree(cargs), clone_tree(ckw)),
                               lambda: _call(fn, targs, tkw), rtol, atol, values))
+
+    if "compiled" in variants:
+        cargs, ckw = move_sample(sample, "cpu", op=op)
+        targs, tkw = move_sample(sample, DEVICE, op=op)
+        why = []
+
+        def tpu_compiled():
+            res, w = _compiled_call(fn, targs, tkw)
+            why.extend(w)
+            return res
+
+        r = _run_pair("compiled", op, lambda: _call(fn, clone_tree(cargs), clone_tree(ckw)),
+                      tpu_compiled, rtol, atol, values)
+        if why:
+            r["native"] = False
+            r["fallbacks"] = sorted(set(r["fallbacks"]) | set(why))
+        recs.append(r)
 
     if "inplace" in variants and op.inplace_variant is not None:
         ip = op.inplace_variant
@@ -404,6 +499,8 @@ def run_op(op, dtype=torch.float32, limit=3, variants=VARIANTS, on_sample=None):
         if on_sample:
             on_sample(rec)
         return [rec]
+    if "compiled" in variants:
+        torch._dynamo.reset()  # bounds memory and the recompile cache, one op at a time
     for i, s in enumerate(ss):
         with contextlib.redirect_stderr(io.StringIO()):
             try:

@@ -191,3 +191,37 @@ def test_mark_dynamic_runs_eagerly_with_a_warning():
         out = cf(xt)
     torch.testing.assert_close(out.cpu(), f(x))
     assert _stats()["graph_fallbacks"] == before + 1
+
+
+def test_tensor_constant_is_a_graph_input():
+    idx = torch.tensor([2, 0])
+
+    def f(x):
+        return x[idx] * 2
+
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="tpu", dynamic=False)
+    x = torch.randn(4, 3)
+    before = _stats()
+    out = cf(x.to("tpu"))
+    torch.testing.assert_close(out.cpu(), f(x))
+    s = _stats()
+    assert s["graph_fallbacks"] == before["graph_fallbacks"]
+    assert s["graph_calls"] > before["graph_calls"]
+
+
+def test_graph_a_lowering_rejects_runs_eagerly_with_a_warning():
+    def f(x, m, v):
+        return torch.index_put(x, (m,), v)
+
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="tpu", dynamic=False)
+    x, m, v = torch.randn(5, 5), torch.tensor([True, False, True, False, True]), torch.randn(5)
+    before = _stats()["graph_fallbacks"]
+    with pytest.warns(UserWarning, match="boolean mask"):
+        out = cf(x.to("tpu"), m.to("tpu"), v.to("tpu"))
+    torch.testing.assert_close(out.cpu(), f(x, m, v))
+    assert _stats()["graph_fallbacks"] == before + 1
+    out = cf(x.to("tpu"), m.to("tpu"), v.to("tpu"))  # stays eager, no second fallback count
+    torch.testing.assert_close(out.cpu(), f(x, m, v))
+    assert _stats()["graph_fallbacks"] == before + 1

@@ -54,6 +54,7 @@ class _Lowerer:
         self.gm = gm
         self.next = 0
         self.ids: dict[torch.fx.Node, Any] = {}
+        self.constants: list[torch.Tensor] = []  # get_attr tensors, passed after the graph inputs
 
     def new(self) -> int:
         self.next += 1
@@ -139,6 +140,19 @@ class _Lowerer:
             self.ids[n] = i
             input_ids.append(i)
         ph_index = {n: k for k, n in enumerate(placeholders)}
+        for n in g.nodes:  # lifted constants (e.g. a tensor literal): extra inputs after the args
+            if n.op == "get_attr":
+                c = self.gm
+                for part in n.target.split("."):
+                    c = getattr(c, part)
+                if not isinstance(c, torch.Tensor) or _is_symbolic(c):
+                    raise Unsupported(f"get_attr of {type(c).__name__}")
+                if c.layout != torch.strided or c.dtype not in _ET:
+                    raise Unsupported(f"constant {c.dtype} {c.layout}")
+                i = self.new()
+                self.ids[n] = i
+                input_ids.append(i)
+                self.constants.append(c)
         for n in g.nodes:
             if n.op == "call_function":
                 if n.target is operator.getitem:
@@ -200,12 +214,11 @@ class _Lowerer:
                         raise Unsupported("non-tensor graph output")
                     outputs.append(self.tensor_id(o))
                     out_meta.append((_et(v.dtype), list(v.shape), list(v.stride())))
-            elif n.op in ("placeholder",):
+            elif n.op in ("placeholder", "get_attr"):
                 continue
-            elif n.op == "get_attr":
-                raise Unsupported("get_attr (constants)")
             else:
                 raise Unsupported(f"node kind {n.op}")
+        self.mutated_inputs = {m[0] for m in mutations}
         return _C._build_graph(str(id(self.gm)), self.next, input_ids, nodes, outputs, out_meta, mutations)
 
 
@@ -214,20 +227,44 @@ def _graph_compiler(gm: torch.fx.GraphModule, example_inputs):
 
     from . import _C
 
-    try:
-        graph = _Lowerer(gm).run()
-    except Unsupported as e:
-        reason = str(e)
+    eager = make_boxed_func(gm.forward)
+
+    def fall_back(reason):
         stats["graph_fallbacks"] += 1
         _fallback_reasons[reason] = _fallback_reasons.get(reason, 0) + 1
         warnings.warn(f"torchtpu.compile: running this graph eagerly ({reason})")
-        return make_boxed_func(gm.forward)
+
+    try:
+        lw = _Lowerer(gm)
+        graph = lw.run()
+    except Unsupported as e:
+        fall_back(str(e))
+        return eager
     stats["graphs_compiled"] += 1
     returns_list = True
+    consts = lw.constants
+    mutated = lw.mutated_inputs
+    dev_consts: list[torch.Tensor] = []
+    state = {"eager": False}
 
     def run(args):
+        if state["eager"]:
+            return eager(args)
+        if consts and not dev_consts:
+            dev_consts.extend(c if c.device.type == "tpu" else c.to("tpu") for c in consts)
         stats["graph_calls"] += 1
-        out = _C._run_graph(graph, list(args))
+        ins = [a.to("tpu") if isinstance(a, torch.Tensor) and a.device.type == "cpu" and k not in mutated
+               else a for k, a in enumerate(args)]  # e.g. a CPU index tensor from a closure
+        try:
+            out = _C._run_graph(graph, ins + dev_consts)
+        except _C._LowerError as e:
+            # A lowering rejected its arguments (e.g. a boolean-mask index_put): the graph is
+            # abandoned before anything is written; this graph runs eagerly from now on.
+            stats["graph_calls"] -= 1
+            stats["graphs_compiled"] -= 1
+            state["eager"] = True
+            fall_back(str(e).splitlines()[0].replace("torchtpu.compile: ", "")[:200])
+            return eager(args)
         args.clear()
         return out if returns_list else out[0]
 

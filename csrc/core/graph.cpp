@@ -244,7 +244,7 @@ std::vector<at::Tensor> RunGraph(const Graph& g, const std::vector<py::object>& 
     r.Flush(GetMode() == Mode::Debug, "compiled_graph");
   } catch (const ops::LowerError& e) {
     r.Abandon();
-    TORCH_CHECK(false, "torchtpu.compile: ", e.what());
+    throw;  // torchtpu._C._LowerError (a RuntimeError): the Python side runs the graph eagerly
   } catch (const pjrt::Error& e) {
     r.Abandon();
     TORCH_CHECK(false, "torchtpu.compile: ", e.what());
@@ -257,6 +257,7 @@ std::vector<at::Tensor> RunGraph(const Graph& g, const std::vector<py::object>& 
 
 void BindGraph(py::module& m) {
   py::class_<Graph, std::shared_ptr<Graph>>(m, "_Graph").def_readonly("name", &Graph::name);
+  py::register_exception<ops::LowerError>(m, "_LowerError", PyExc_RuntimeError);
   m.def("_build_graph", &BuildGraph);
   m.def("_run_graph", &RunGraph);
   m.def("_et_name", [](int64_t code) { return std::string(hlo::ETName((ET)code)); });
