@@ -248,3 +248,14 @@ def test_compiled_conv_norm_pool():
         torch.testing.assert_close(mt[1].running_mean.cpu(), m[1].running_mean)
         torch.testing.assert_close(mt[1].running_var.cpu(), m[1].running_var)
     assert not torchtpu.metrics()["cpu_fallbacks"]
+
+
+def test_conv_transpose_grad_output_padding_ge_stride():
+    # output_padding may reach max(stride, dilation) - 1: the input gradient's
+    # windows leave an output tail unreached (OpInfo sample, groups=2).
+    torch.manual_seed(0)
+    check(lambda x, w, b: F.conv_transpose2d(x, w, b, stride=(3, 2), padding=(1, 2), output_padding=(2, 3),
+                                             groups=2, dilation=4),
+          torch.randn(2, 2, 4, 4), torch.randn(2, 2, 4, 5), torch.randn(4))
+    check(lambda x, w: F.conv_transpose3d(x, w, stride=(1, 2, 1), output_padding=(1, 2, 0), dilation=(2, 3, 1)),
+          torch.randn(1, 2, 3, 3, 3), torch.randn(2, 3, 2, 2, 2))
