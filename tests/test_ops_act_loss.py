@@ -302,6 +302,18 @@ def test_elementwise_special_values():
     check(lambda d, x: torch.angle(x), s, grad=False)
 
 
+def test_polygamma_digamma_poles_and_inplace():
+    # Poles (0, -0, negative integers) as CPU: values and grads (digamma' = trigamma,
+    # which CPU leaves huge-but-finite at negative integers); polygamma_(self, n).
+    x = torch.tensor([0., -0., -1., -2., -3., 0.5, 1., 2.5, -1.5, 30.])
+    for n in range(5):
+        check(lambda d, x: torch.polygamma(n, x), x, atol=1e-4, rtol=1e-4)
+        check(lambda d, x: torch.special.polygamma(n, x), x, atol=1e-4, rtol=1e-4)
+    check(lambda d, x: torch.digamma(x), x, atol=1e-4, rtol=1e-4)
+    for n in range(4):
+        check(lambda d, x: x.clone().polygamma_(n), x, grad=False, atol=1e-4, rtol=1e-4)
+
+
 def test_elementwise_int_bool():
     x, y = XI, YI
     b = XI > 0

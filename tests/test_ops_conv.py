@@ -248,3 +248,38 @@ def test_compiled_conv_norm_pool():
         torch.testing.assert_close(mt[1].running_mean.cpu(), m[1].running_mean)
         torch.testing.assert_close(mt[1].running_var.cpu(), m[1].running_var)
     assert not torchtpu.metrics()["cpu_fallbacks"]
+
+
+def test_conv_transpose_grad_output_padding_ge_stride():
+    # output_padding may reach max(stride, dilation) - 1: the input gradient's
+    # windows leave an output tail unreached (OpInfo sample, groups=2).
+    torch.manual_seed(0)
+    check(lambda x, w, b: F.conv_transpose2d(x, w, b, stride=(3, 2), padding=(1, 2), output_padding=(2, 3),
+                                             groups=2, dilation=4),
+          torch.randn(2, 2, 4, 4), torch.randn(2, 2, 4, 5), torch.randn(4))
+    check(lambda x, w: F.conv_transpose3d(x, w, stride=(1, 2, 1), output_padding=(1, 2, 0), dilation=(2, 3, 1)),
+          torch.randn(1, 2, 3, 3, 3), torch.randn(2, 3, 2, 2, 2))
+
+
+def test_native_batch_norm_eval_stats_empty_like_cpu():
+    # Evaluation mode: save_mean / save_invstd are (0,) on CPU; the meta kernels say (C,).
+    torch.manual_seed(0)
+    x, w, bias = torch.randn(2, 3, 4), torch.randn(3), torch.randn(3)
+    rm, rv = torch.randn(3), torch.rand(3) + 0.5
+    for f in (lambda *a: torch.native_batch_norm(*a, False, 0.1, 1e-5),
+              lambda *a: torch._native_batch_norm_legit(*a, False, 0.1, 1e-5),
+              lambda *a: torch._native_batch_norm_legit_no_training(*a, 0.1, 1e-5)):
+        check(lambda x, w, bias: f(x, w, bias, rm.to(x.device), rv.to(x.device)), x, w, bias)
+        e = f(x, w, bias, rm, rv)
+        r = f(*(t.to(DEV) for t in (x, w, bias, rm, rv)))
+        assert [t.shape for t in r] == [t.shape for t in e]
+        assert [t.dtype for t in r] == [t.dtype for t in e]
+    # .out in evaluation mode leaves save_mean / save_invstd as they are
+    for n in (0, 5):
+        outs = [(torch.empty(0, device=d), torch.full((n,), 7.0, device=d), torch.full((n,), 7.0, device=d))
+                for d in ("cpu", DEV)]
+        for d, (o0, o1, o2) in zip(("cpu", DEV), outs):
+            torch.ops.aten.native_batch_norm.out(*(t.to(d) for t in (x, w, bias, rm, rv)), False, 0.1, 1e-5,
+                                                 out=o0, save_mean=o1, save_invstd=o2)
+        for a, b in zip(outs[1], outs[0]):
+            torch.testing.assert_close(a.cpu(), b)

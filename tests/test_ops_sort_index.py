@@ -109,6 +109,15 @@ def test_searchsorted_bucketize():
     check(lambda a, b: torch.bucketize(a, b, right=True), torch.tensor([1, 2, 3]), torch.tensor([1, 2, 2, 3]))
 
 
+def test_searchsorted_empty_sequence_with_sorter():
+    # OpInfo sample: T[0] sequence with a T[0] sorter (the sorter gather has nothing to index).
+    e, ei = torch.empty(0), torch.empty(0, dtype=torch.long)
+    check(lambda a, b, c: torch.searchsorted(a, b, sorter=c), e, e, ei)
+    check(lambda a, b, c: torch.searchsorted(a, b, sorter=c, right=True), e, torch.randn(3), ei)
+    check(lambda a, b, c: torch.searchsorted(a, b, sorter=c, out_int32=True), torch.empty(2, 0),
+          torch.randn(2, 3), torch.empty(2, 0, dtype=torch.long))
+
+
 # ---------------------------------------------------------------- data-dependent shapes
 def test_nonzero_masked_select_no_fallback():
     m = X > 0

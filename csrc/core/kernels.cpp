@@ -485,6 +485,33 @@ void StoreMeta(const std::string& key, std::shared_ptr<MetaResult> r) {
   if (g_meta_cache.size() > 65536) g_meta_cache.clear();
   g_meta_cache[key] = std::move(r);
 }
+// Batch norm in evaluation mode: CPU (and CUDA) return empty (0,) save_mean /
+// save_invstd, while the meta kernels (torch/_decomp) give them shape (C,).
+void EvalBatchNormStats(const std::string& name, const std::vector<c10::IValue>& args, MetaResult& mr) {
+  bool eval = false;
+  if (name == "aten::native_batch_norm.out" && args.size() > 10 && args[5].isBool() && !args[5].toBool()) {
+    // CPU leaves the save_mean / save_invstd out tensors as they are (the lowering passes them through).
+    for (size_t k = 1; k <= 2 && k < mr.rets.size(); ++k)
+      if (mr.rets[k].kind == 0 && args[8 + k].isTensor() && args[8 + k].toTensor().defined()) {
+        const at::Tensor& t = args[8 + k].toTensor();
+        mr.rets[k].tensors[0].sizes.assign(t.sizes().begin(), t.sizes().end());
+        mr.rets[k].tensors[0].strides.assign(t.strides().begin(), t.strides().end());
+      }
+    return;
+  }
+  if (name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit")
+    eval = args.size() > 5 && args[5].isBool() && !args[5].toBool();
+  else if (name == "aten::_native_batch_norm_legit_no_training" ||
+           name == "aten::_native_batch_norm_legit_no_training.out")
+    eval = true;
+  if (!eval || mr.rets.size() < 3) return;
+  for (size_t k = 1; k <= 2; ++k)
+    if (mr.rets[k].kind == 0) {
+      mr.rets[k].tensors[0].sizes = {0};
+      mr.rets[k].tensors[0].strides = {1};
+    }
+}
+
 // ---- debug-mode validation against PyTorch's meta functions
 std::string DescribeSpec(const OutSpec& o) {
   std::ostringstream m;
@@ -595,6 +622,7 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
       }
       mr->rets.push_back(std::move(r));
     }
+    EvalBatchNormStats(name, args, *mr);
     if (debug) DebugCompareCachedMeta(name, LookupMeta(key), *mr);
     StoreMeta(key, mr);
   }

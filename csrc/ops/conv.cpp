@@ -56,12 +56,26 @@ Value ConvFwd(Builder& b, Value x, Value w, const Dims& st, const Dims& pad, con
   ConvSpec s;
   s.stride = st;
   s.lo = pad;
-  s.hi = pad;
   s.lhs_dil = Ones(n);
   s.rhs_dil = dil;
   s.fgc = g;
-  // Output spatial sizes are the meta kernel's; a right-hand remainder that
-  // no window reaches is dropped by XLA's own floor.
+  // Output spatial sizes are the meta kernel's. The right-hand pad is sized so
+  // the windows give exactly those sizes; an input tail that no window reaches
+  // (e.g. the gradient of a transposed conv whose output_padding >= stride)
+  // is sliced off.
+  Dims lim = x.dims();
+  bool cut = false;
+  for (int i = 0; i < n; ++i) {
+    int64_t k = w.dims()[2 + i], I = x.dims()[2 + i], O = out_dims[2 + i];
+    int64_t hi = (O - 1) * st[i] + dil[i] * (k - 1) + 1 - I - pad[i];
+    if (hi < 0) {
+      lim[2 + i] = I + hi;
+      hi = 0;
+      cut = true;
+    }
+    s.hi.push_back(hi);
+  }
+  if (cut) x = b.Slice(x, Dims(x.rank(), 0), lim, Ones(x.rank()));
   return Conv(b, x, w, s, out_dims);
 }
 

@@ -66,7 +66,40 @@ Value u_asinh(Builder& b, Value x) { return b.Op1("chlo.asinh", {x}, x.type); }
 Value u_acosh(Builder& b, Value x) { return b.Op1("chlo.acosh", {x}, x.type); }
 Value u_atanh(Builder& b, Value x) { return b.Op1("chlo.atanh", {x}, x.type); }
 Value u_lgamma(Builder& b, Value x) { return b.Op1("chlo.lgamma", {x}, x.type); }
-Value u_digamma(Builder& b, Value x) { return b.Op1("chlo.digamma", {x}, x.type); }
+// x <= 0 and integral: the poles of digamma / polygamma.
+Value NonPosInt(Builder& b, Value x) {
+  Value pos = b.Compare(x, b.Splat(x.type, 0.0), "GT");
+  Value integral = b.Compare(b.Unary("floor", x), x, "EQ");
+  Value z = b.Splat(x.type, 0.0);
+  return b.Select(pos, b.Compare(z, z, "NE"), integral);
+}
+// As CPU: digamma(+-0) = copysign(inf, -x), digamma(negative integer) = nan.
+Value u_digamma(Builder& b, Value x) {
+  Value d = b.Op1("chlo.digamma", {x}, x.type);
+  Value zero = b.Compare(x, b.Splat(x.type, 0.0), "EQ");
+  Value pole = b.Select(zero, b.Unary("negate", b.Div(b.Splat(x.type, 1.0), x)), b.Splat(x.type, NAN));
+  return b.Select(NonPosInt(b, x), pole, d);
+}
+// CPU's calc_trigamma (reflection below 0.5, 6 recurrence steps, asymptotic series),
+// so the poles give what CPU gives (+inf at 0, huge finite values at negative integers).
+Value Trigamma(Builder& b, Value x) {
+  auto k = [&](double v) { return b.Splat(x.type, v); };
+  Value refl = b.Compare(x, k(0.5), "LT");
+  Value s = b.Unary("sine", b.Mul(k(M_PI), x));
+  Value res = b.Select(refl, b.Unary("negate", b.Div(k(M_PI * M_PI), b.Mul(s, s))), k(0.0));
+  Value sign = b.Select(refl, k(-1.0), k(1.0));
+  Value y = b.Select(refl, b.Sub(k(1.0), x), x);
+  for (int i = 0; i < 6; ++i) {
+    res = b.Add(res, b.Div(k(1.0), b.Mul(y, y)));
+    y = b.Add(y, k(1.0));
+  }
+  Value ixx = b.Div(k(1.0), b.Mul(y, y));
+  Value t = b.Sub(k(1.0 / 30), b.Mul(ixx, k(1.0 / 42)));
+  t = b.Sub(k(1.0 / 6), b.Mul(ixx, t));
+  t = b.Add(b.Add(k(1.0), b.Div(k(1.0), b.Mul(k(2.0), y))), b.Mul(ixx, t));
+  res = b.Add(res, b.Div(t, y));
+  return b.Mul(sign, res);
+}
 Value u_mish(Builder& b, Value x) {
   // x * tanh(softplus(x))
   Value sp = b.Unary("log_plus_one", b.Unary("exponential", x));
@@ -649,11 +682,17 @@ TT_LOWERINGS(({"aten::logit_backward", "aten::logit_backward.grad_input"}), Logi
 // polygamma(n, x): n = 0 is digamma
 std::vector<Value> Polygamma(LowerCtx& c) {
   Builder& b = c.b;
-  ET ct = ComputeType(c.out().et);
-  Value x = Cast(b, c.t(1), ct);
-  int64_t n = c.i64(0);
-  if (n == 0) return {b.Op1("chlo.digamma", {x}, x.type)};
-  return {b.Op1("chlo.polygamma", {b.Splat(x.type, (double)n), x}, x.type)};
+  ET ot = c.out().et, ct = ComputeType(ot);
+  // polygamma(int n, Tensor self) but polygamma_(Tensor self, int n)
+  bool inplace = c.op == "aten::polygamma_";
+  Value x = Cast(b, c.t(inplace ? 0 : 1), ct);
+  int64_t n = c.i64(inplace ? 1 : 0);
+  if (n == 0) return {Cast(b, u_digamma(b, x), ot)};
+  if (n == 1) return {Cast(b, Trigamma(b, x), ot)};
+  // As CPU ((-1)^(n+1) n! zeta(n+1, x)): +-inf at the poles.
+  Value p = b.Op1("chlo.polygamma", {b.Splat(x.type, (double)n), x}, x.type);
+  p = b.Select(NonPosInt(b, x), b.Splat(x.type, n % 2 ? INFINITY : -INFINITY), p);
+  return {Cast(b, p, ot)};
 }
 TT_LOWERINGS(({"aten::polygamma", "aten::polygamma.out", "aten::polygamma_"}), Polygamma);
 

@@ -71,8 +71,12 @@ std::vector<Value> BatchNorm(LowerCtx& c) {
     res.push_back(stat(mean, 1));
     res.push_back(stat(invstd, 2));
   } else {
-    res.push_back(Empty(b, c.out(1)));
-    res.push_back(Empty(b, c.out(2)));
+    // Evaluation: CPU leaves the .out variant's save_mean / save_invstd untouched.
+    for (const char* nm : {"save_mean", "save_invstd"}) {
+      int i = ArgIndex(c, nm);
+      size_t k = res.size();
+      res.push_back(i >= 0 && c.has(i) && c.t(i).type == c.out(k) ? c.t(i) : Empty(b, c.out(k)));
+    }
   }
   if (has_stats && (functional || (training && c.outs.size() >= 5))) {
     Value rm = c.t(rm_i), rv = c.t(rv_i);

@@ -323,10 +323,10 @@ std::vector<Value> SearchSorted(LowerCtx& c) {
   bool right = FlagArg(c, "right");
   int ps = ArgPos(c, "side");
   if (ps >= 0 && c.has(ps) && c.arg(ps).s == "right") right = true;
+  // Empty outputs or sequences first: the sorter gather cannot index an empty dim.
+  if (o.numel() == 0 || seq.dims().back() == 0) return {b.Zeros(o)};
   int pso = ArgPos(c, "sorter");
   if (pso >= 0 && c.has(pso)) seq = TakeAlong(b, seq, c.t(pso), seq.rank() - 1);
-  if (o.numel() == 0) return {b.Zeros(o)};
-  if (seq.dims().back() == 0) return {b.Zeros(o)};
   Value vv = v.rank() == 0 ? b.Reshape(v, {1}) : v;
   Value r = SearchCount(b, seq, vv, right, o.et);
   return {b.Reshape(r, o.dims)};
