@@ -148,12 +148,7 @@ std::shared_ptr<Graph> BuildGraph(const std::string& name, int num_values, std::
 }
 
 std::vector<at::Tensor> RunGraph(const Graph& g, const std::vector<py::object>& inputs) {
-  std::vector<at::Tensor> tensors;
   std::vector<at::Tensor> results;
-  std::vector<c10::IValue> scalar_inputs(inputs.size());
-  {
-    py::gil_scoped_release nogil;
-  }
   std::lock_guard<std::recursive_mutex> lock(Region::Lock());
   Region& r = Region::Current();
   if (!r.empty()) r.Flush(false, "compiled_graph");
