@@ -333,6 +333,15 @@ Value Builder::Slice(Value v, const Dims& start, const Dims& limit, const Dims& 
                  ", strides = " + I64Array(strides));
 }
 
+Value Builder::SliceDim(Value v, int64_t dim, int64_t start, int64_t limit, int64_t step) {
+  int r = v.rank();
+  Dims st(r, 0), lim = v.dims(), strides(r, 1);
+  st[dim] = start;
+  lim[dim] = limit;
+  strides[dim] = step;
+  return Slice(v, st, lim, strides);
+}
+
 Value Builder::Concat(const std::vector<Value>& vs, int64_t dim) {
   if (vs.size() == 1) return vs[0];
   Dims d = vs[0].dims();

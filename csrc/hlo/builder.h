@@ -96,6 +96,8 @@ class Builder {
   Value BroadcastTo(Value v, const Dims& dims);  // numpy-style right-aligned
   Value Transpose(Value v, const Dims& perm);
   Value Slice(Value v, const Dims& start, const Dims& limit, const Dims& strides);
+  // Slice of one dimension [start, limit) with step; the others whole.
+  Value SliceDim(Value v, int64_t dim, int64_t start, int64_t limit, int64_t step = 1);
   Value Concat(const std::vector<Value>& vs, int64_t dim);
   Value Iota(const Type& t, int64_t dim);
   Value Pad(Value v, Value pad_value, const Dims& low, const Dims& high, const Dims& interior);

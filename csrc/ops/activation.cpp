@@ -159,13 +159,8 @@ TT_LOWERINGS(({"aten::log_sigmoid_backward", "aten::log_sigmoid_backward.grad_in
 
 // ---- glu: a * sigmoid(b) over halves of dim ----
 std::pair<Value, Value> Halves(Builder& b, Value x, int64_t d) {
-  Dims start(x.rank(), 0), lim = x.dims(), st(x.rank(), 1);
   int64_t h = x.dims()[d] / 2;
-  lim[d] = h;
-  Value a = b.Slice(x, start, lim, st);
-  start[d] = h;
-  lim[d] = 2 * h;
-  return {a, b.Slice(x, start, lim, st)};
+  return {b.SliceDim(x, d, 0, h), b.SliceDim(x, d, h, 2 * h)};
 }
 std::vector<Value> Glu(LowerCtx& c) {
   Builder& b = c.b;

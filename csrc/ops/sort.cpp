@@ -116,9 +116,7 @@ std::vector<Value> TopK(LowerCtx& c) {
   int64_t dim = DimArg(c, x.rank());
   int64_t k = c.i64(1);
   SortResult s = SortAlong(b, x, dim, FlagArg(c, "largest", true));
-  Dims st(x.rank(), 0), lim = x.dims(), str(x.rank(), 1);
-  lim[dim] = k;
-  return {b.Slice(s.values, st, lim, str), b.Slice(s.indices, st, lim, str)};
+  return {b.SliceDim(s.values, dim, 0, k), b.SliceDim(s.indices, dim, 0, k)};
 }
 TT_LOWERINGS(({"aten::topk", "aten::topk.values"}), TopK);
 

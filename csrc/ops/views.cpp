@@ -66,12 +66,8 @@ std::vector<Value> SliceL(LowerCtx& c) {
   if (start < 0) start += size;
   start = std::clamp<int64_t>(start, 0, size);
   int64_t len = c.out().dims[dim];
-  Dims st(r, 0), lim = x.dims(), strides(r, 1);
-  st[dim] = start;
-  lim[dim] = std::min(size, start + (len > 0 ? (len - 1) * step + 1 : 0));
-  if (len == 0) lim[dim] = start;
-  strides[dim] = step;
-  return {c.b.Slice(x, st, lim, strides)};
+  int64_t limit = len == 0 ? start : std::min(size, start + (len - 1) * step + 1);
+  return {c.b.SliceDim(x, dim, start, limit, step)};
 }
 TT_GRAPH_LOWERINGS(({"aten::slice.Tensor", "aten::slice_copy.Tensor"}), SliceL);
 
@@ -81,10 +77,7 @@ std::vector<Value> NarrowL(LowerCtx& c) {
   int64_t dim = NormDim(c.i64(1), r);
   int64_t start = c.i64(2);
   if (start < 0) start += x.dims()[dim];
-  Dims st(r, 0), lim = x.dims(), strides(r, 1);
-  st[dim] = start;
-  lim[dim] = start + c.out().dims[dim];
-  return {c.b.Slice(x, st, lim, strides)};
+  return {c.b.SliceDim(x, dim, start, start + c.out().dims[dim])};
 }
 TT_GRAPH_LOWERINGS(({"aten::narrow", "aten::narrow_copy"}), NarrowL);
 
@@ -94,10 +87,7 @@ std::vector<Value> SelectL(LowerCtx& c) {
   int64_t dim = NormDim(c.i64(1), r);
   int64_t idx = c.i64(2);
   if (idx < 0) idx += x.dims()[dim];
-  Dims st(r, 0), lim = x.dims(), strides(r, 1);
-  st[dim] = idx;
-  lim[dim] = idx + 1;
-  return {c.b.Reshape(c.b.Slice(x, st, lim, strides), c.out().dims)};
+  return {c.b.Reshape(c.b.SliceDim(x, dim, idx, idx + 1), c.out().dims)};
 }
 TT_GRAPH_LOWERINGS(({"aten::select.int", "aten::select_copy.int"}), SelectL);
 
@@ -112,10 +102,7 @@ std::vector<Value> SplitL(LowerCtx& c) {
   for (size_t k = 0; k < c.outs.size(); ++k) {
     const Type& ot = c.out(k);
     int64_t len = unbind ? 1 : ot.dims[dim];
-    Dims st(r, 0), lim = x.dims(), strides(r, 1);
-    st[dim] = pos;
-    lim[dim] = pos + len;
-    out.push_back(c.b.Reshape(c.b.Slice(x, st, lim, strides), ot.dims));
+    out.push_back(c.b.Reshape(c.b.SliceDim(x, dim, pos, pos + len), ot.dims));
     pos += len;
   }
   return out;
