@@ -1,5 +1,6 @@
 """Native lowerings of activations, losses, matmul extras and elementwise
 math: tpu vs CPU (values and gradients), with no CPU fallbacks."""
+import functools
 import warnings
 
 import pytest
@@ -12,35 +13,10 @@ warnings.filterwarnings("ignore", message=".*native tpu lowering.*")
 DEV = "tpu"
 
 
-def _to(v, dev):
-    return v.detach().to(dev) if isinstance(v, torch.Tensor) else v
+from optest import _to, check as _check  # noqa: E402
 
-
-def check(fn, *inputs, grad=True, allowed=(), atol=None, rtol=None):
-    """fn(dev, *inputs) on CPU and tpu; compares outputs and input grads."""
-    torchtpu.reset_metrics()
-    ci = [_to(i, "cpu").requires_grad_(grad and i.is_floating_point()) for i in inputs]
-    ti = [_to(i, DEV).requires_grad_(grad and i.is_floating_point()) for i in inputs]
-    e, r = fn("cpu", *ci), fn(DEV, *ti)
-    es = e if isinstance(e, tuple) else (e,)
-    rs = r if isinstance(r, tuple) else (r,)
-    tol = {} if atol is None else dict(atol=atol, rtol=rtol)
-    for a, b in zip(rs, es):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        torch.testing.assert_close(a.cpu(), b, equal_nan=True, **tol)
-    if grad:
-        gi = [i for i in ci if i.requires_grad]
-        gti = [i for i in ti if i.requires_grad]
-        if gi and es[0].requires_grad:
-            go = torch.randn_like(es[0])
-            ge = torch.autograd.grad(es[0], gi, go, allow_unused=True)
-            gr = torch.autograd.grad(rs[0], gti, go.to(DEV), allow_unused=True)
-            for a, b in zip(gr, ge):
-                assert (a is None) == (b is None)
-                if b is not None:
-                    torch.testing.assert_close(a.cpu(), b, equal_nan=True, **tol)
-    fb = {k: v for k, v in torchtpu.metrics()["cpu_fallbacks"].items() if k not in allowed}
-    assert not fb, f"CPU fallbacks: {fb}"
+# NaN gradients (kinks, poles) must match CPU's NaNs here
+check = functools.partial(_check, grad_equal_nan=True)
 
 
 torch.manual_seed(0)

@@ -12,34 +12,7 @@ warnings.filterwarnings("ignore", message=".*native tpu lowering.*")
 DEV = "tpu"
 
 
-def _to(v, dev):
-    if isinstance(v, torch.Tensor):
-        return v.detach().to(dev)
-    return v
-
-
-def check(fn, *inputs, grad=True, allowed=(), atol=None, rtol=None, equal_nan=True):
-    """fn(dev, *inputs) on CPU and tpu; compares outputs and input grads."""
-    torchtpu.reset_metrics()
-    ci = [_to(i, "cpu").requires_grad_(grad and i.is_floating_point()) for i in inputs]
-    ti = [_to(i, DEV).requires_grad_(grad and i.is_floating_point()) for i in inputs]
-    e, r = fn("cpu", *ci), fn(DEV, *ti)
-    es = e if isinstance(e, tuple) else (e,)
-    rs = r if isinstance(r, tuple) else (r,)
-    tol = {} if atol is None else dict(atol=atol, rtol=rtol)
-    for a, b in zip(rs, es):
-        torch.testing.assert_close(a.cpu(), b, equal_nan=equal_nan, **tol)
-    if grad:
-        gi = [i for i in ci if i.requires_grad]
-        gti = [i for i in ti if i.requires_grad]
-        if gi and es[0].requires_grad:
-            go = torch.randn_like(es[0])
-            ge = torch.autograd.grad(es[0], gi, go)
-            gr = torch.autograd.grad(rs[0], gti, go.to(DEV))
-            for a, b in zip(gr, ge):
-                torch.testing.assert_close(a.cpu(), b, **tol)
-    fb = {k: v for k, v in torchtpu.metrics()["cpu_fallbacks"].items() if k not in allowed}
-    assert not fb, f"CPU fallbacks: {fb}"
+from optest import _to, check  # noqa: E402,F401
 
 
 torch.manual_seed(0)
