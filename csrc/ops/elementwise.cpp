@@ -289,25 +289,12 @@ std::vector<Value> AddLowering(LowerCtx& c) {
   return {Sub ? c.b.Sub(x, y) : b_add(c.b, x, y)};
 }
 
-std::vector<Value> DivImpl(LowerCtx& c, std::string mode) {
-  ET out = c.out().et;
-  ET ct = ComputeType(out);
+// true and trunc division ("floor" goes through FloorDiv)
+std::vector<Value> DivImpl(LowerCtx& c, const std::string& mode) {
+  ET ct = ComputeType(c.out().et);
   auto [x, y] = Operands(c, 0, 1, ct);
-  if (mode.empty() || hlo::IsFloat(ct) || hlo::IsComplex(ct)) {
-    Value q = c.b.Div(x, y);
-    if (mode == "trunc") q = u_trunc(c.b, q);
-    if (mode == "floor") q = c.b.Unary("floor", q);
-    return {q};
-  }
-  // integer division
-  Value q = c.b.Div(x, y);  // truncates toward zero
-  if (mode == "floor") {
-    Value r = c.b.Binary("remainder", x, y);
-    Value zero = c.b.Zeros(x.type);
-    Value adjust = c.b.Binary("and", c.b.Compare(r, zero, "NE"),
-                              c.b.Compare(c.b.Compare(r, zero, "LT"), c.b.Compare(y, zero, "LT"), "NE"));
-    q = c.b.Select(adjust, c.b.Sub(q, c.b.Splat(q.type, 1)), q);
-  }
+  Value q = c.b.Div(x, y);  // integers: truncates toward zero
+  if (mode == "trunc" && (hlo::IsFloat(ct) || hlo::IsComplex(ct))) q = u_trunc(c.b, q);
   return {q};
 }
 // Python-style floor division (ATen's div_floor_floating / div_floor_integer).
