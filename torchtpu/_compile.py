@@ -309,5 +309,9 @@ def register() -> None:
 def metrics() -> dict:
     from torch._dynamo.utils import counters
 
-    return {**stats, "graph_fallback_reasons": dict(_fallback_reasons),
+    from . import _C
+
+    lowerings, replays = _C._graph_counts()
+    return {**stats, "graph_lowerings": lowerings, "graph_replays": replays,
+            "graph_fallback_reasons": dict(_fallback_reasons),
             "graph_breaks": sum(counters["graph_break"].values())}

@@ -174,6 +174,7 @@ std::recursive_mutex& Region::Lock() {
 void Region::Reset() {
   b_ = std::make_unique<hlo::Builder>();
   args_.clear();
+  arg_src_.clear();
   buf_args_.clear();
   slots_.clear();
   extra_.clear();
@@ -182,6 +183,7 @@ void Region::Reset() {
 }
 
 void Region::Abandon() {
+  rec_ = nullptr;
   for (auto& s : slots_)
     if (auto st = s.st.lock()) st->slot = -1;
   Reset();
@@ -192,6 +194,8 @@ Value Region::BufferArg(const pjrt::BufferPtr& buf, const Type& t) {
   if (it != buf_args_.end() && it->second.type == t) return it->second;
   Value v = b_->Arg(t);
   args_.push_back(buf);
+  arg_src_.push_back({});
+  arg_src_.back().constant = buf;
   buf_args_[buf.get()] = v;
   return v;
 }
@@ -201,8 +205,13 @@ int Region::SlotFor(const StatePtr& st, ET want) {
   Slot s;
   s.st = st;
   if (st->buf) {
+    size_t n_args = args_.size();
     s.v = BufferArg(st->buf, Type(st->et, {st->numel}));
     s.arg = s.v.id;
+    if (args_.size() > n_args) {
+      arg_src_.back().constant.reset();
+      arg_src_.back().st = st.get();
+    }
   } else {
     int64_t n = st->nbytes / hlo::ETBytes(want);
     s.v = b_->Zeros(Type(want, {n}));
@@ -272,7 +281,7 @@ void Region::Write(const at::Tensor& t, Value v) {
   slots_[si].written = true;
 }
 
-Value Region::Scalar(const c10::Scalar& s, ET et) {
+pjrt::BufferPtr Region::ScalarBuffer(const c10::Scalar& s, ET et) {
   // Cached one-element device buffers, keyed by (type, bits).
   static std::unordered_map<std::string, pjrt::BufferPtr> cache;
   char bytes[16] = {0};
@@ -290,19 +299,25 @@ Value Region::Scalar(const c10::Scalar& s, ET et) {
   }
   std::string key(1, (char)et);
   key.append(bytes, nb);
-  pjrt::BufferPtr buf;
   auto it = cache.find(key);
-  if (it != cache.end()) {
-    buf = it->second;
-  } else {
-    buf = Runtime::Get().Upload(bytes, ToPjrt(et), {}, nb);
-    if (cache.size() > 4096) cache.clear();
-    cache[key] = buf;
-  }
-  return BufferArg(buf, Type(et, {}));
+  if (it != cache.end()) return it->second;
+  pjrt::BufferPtr buf = Runtime::Get().Upload(bytes, ToPjrt(et), {}, nb);
+  if (cache.size() > 4096) cache.clear();
+  cache[key] = buf;
+  return buf;
 }
 
-Value Region::RngKey(const c10::optional<at::Generator>& gen, int64_t numel) {
+Value Region::Scalar(const c10::Scalar& s, ET et) { return BufferArg(ScalarBuffer(s, et), Type(et, {})); }
+
+Value Region::ScalarInput(const c10::Scalar& s, ET et, int index) {
+  Value v = b_->Arg(Type(et, {}));
+  args_.push_back(ScalarBuffer(s, et));
+  arg_src_.push_back({});
+  arg_src_.back().scalar_input = index;
+  return v;
+}
+
+pjrt::BufferPtr Region::RngKeyBuffer(const c10::optional<at::Generator>& gen, int64_t numel) {
   at::Generator g = gen.has_value() && gen->defined() ? *gen : DefaultGenerator(0);
   std::pair<uint64_t, uint64_t> so;
   {
@@ -310,9 +325,16 @@ Value Region::RngKey(const c10::optional<at::Generator>& gen, int64_t numel) {
     so = g.get<TpuGenerator>()->Next((uint64_t)std::max<int64_t>(numel, 1));
   }
   uint64_t key[2] = {so.first, so.second};
-  pjrt::BufferPtr buf = Runtime::Get().Upload(key, PJRT_Buffer_Type_U64, {2}, 16);
+  return Runtime::Get().Upload(key, PJRT_Buffer_Type_U64, {2}, 16);
+}
+
+Value Region::RngKey(const c10::optional<at::Generator>& gen, int64_t numel) {
+  pjrt::BufferPtr buf = RngKeyBuffer(gen, numel);
   Value v = b_->Arg(Type(ET::U64, {2}));
   args_.push_back(buf);
+  arg_src_.push_back({});
+  // a replay draws from the default generator (compiled graphs use no other)
+  arg_src_.back().rng_numel = gen.has_value() && gen->defined() ? -2 : numel;
   return v;
 }
 
@@ -399,8 +421,11 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
       period_ = 0;
     }
   }
+  Record* rec = rec_;
+  rec_ = nullptr;
   std::vector<Value> results;
   std::vector<StatePtr> targets;
+  std::vector<int> donated;
   for (auto& s : slots_) {
     StatePtr st = s.st.lock();
     if (st) st->slot = -1;
@@ -411,6 +436,7 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
     if (s.arg >= 0 && st->buf && st->buf.use_count() == 2 &&
         b_->num_args() > s.arg && Type(st->et, {st->numel}) == s.v.type) {
       b_->SetArgAttr(s.arg, "tf.aliasing_output = " + std::to_string(out_idx) + " : i32");
+      donated.push_back(s.arg);
     }
     targets.push_back(st);
   }
@@ -422,18 +448,27 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
     return extra_out;
   }
   GetDeferStats().programs++;
+  Metrics& mt = GetMetrics();
+  int64_t t0 = NowNs();
   std::string text = b_->Finish(results);
   std::vector<pjrt::BufferPtr> args = std::move(args_);
+  std::vector<Record::Arg> arg_src = std::move(arg_src_);
   Reset();
   Runtime& rt = Runtime::Get();
+  int64_t t1 = NowNs();
   pjrt::ExecutablePtr exe = rt.Executable(text);
-  std::vector<PJRT_Buffer*> raw;
-  raw.reserve(args.size());
-  for (auto& a : args) raw.push_back(a->get());
-  GetMetrics().executions++;
-  std::shared_ptr<pjrt::Event> done;
-  std::vector<pjrt::BufferPtr> outs = exe->Execute(rt.device(), raw, {}, wait, &done);
-  if (done) TrackCompletion(std::move(done));
+  mt.finish_ns += t1 - t0;
+  mt.lookup_ns += NowNs() - t1;
+  if (rec) {
+    rec->exe = exe;
+    rec->args = std::move(arg_src);
+    rec->targets.clear();
+    for (size_t i = 0; i < targets.size(); ++i)
+      rec->targets.push_back({targets[i].get(), results[i].et(), results[i].dims()[0]});
+    rec->donated = donated;
+    rec->num_extra = results.size() - n_storage;
+  }
+  std::vector<pjrt::BufferPtr> outs = Launch(*exe, args, wait);
   TORCH_CHECK(outs.size() == results.size(), "torchtpu: program returned ", outs.size(),
               " results, expected ", results.size());
   for (size_t i = 0; i < n_storage; ++i) {
@@ -444,6 +479,21 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
   }
   for (size_t i = n_storage; i < outs.size(); ++i) extra_out.push_back(outs[i]);
   return extra_out;
+}
+
+std::vector<pjrt::BufferPtr> Region::Launch(pjrt::Executable& exe, const std::vector<pjrt::BufferPtr>& args,
+                                            bool wait) {
+  Metrics& mt = GetMetrics();
+  int64_t t0 = NowNs();
+  std::vector<PJRT_Buffer*> raw;
+  raw.reserve(args.size());
+  for (auto& a : args) raw.push_back(a->get());
+  mt.executions++;
+  std::shared_ptr<pjrt::Event> done;
+  std::vector<pjrt::BufferPtr> outs = exe.Execute(Runtime::Get().device(), raw, {}, wait, &done);
+  if (done) TrackCompletion(std::move(done));
+  mt.launch_ns += NowNs() - t0;
+  return outs;
 }
 
 void ReadToHost(const at::Tensor& src, void* dst) {

@@ -63,6 +63,39 @@ class Region {
   // Discards the recording (after an error while lowering).
   void Abandon();
 
+  // Where each argument and result of a flushed program came from, so that a
+  // caller that lowers the same structure again and again (a compiled graph)
+  // can replay the executable with new buffers instead of lowering again.
+  struct Record {
+    struct Arg {
+      const StorageState* st = nullptr;  // the initial buffer of this storage
+      pjrt::BufferPtr constant;           // a fixed buffer (a scalar constant)
+      int64_t rng_numel = -1;             // a fresh generator key for this many elements
+      int scalar_input = -1;              // the value of ScalarInput(.., index)
+    };
+    struct Target {
+      const StorageState* st;
+      hlo::ET et;
+      int64_t numel;
+    };
+    pjrt::ExecutablePtr exe;
+    std::vector<Arg> args;
+    std::vector<Target> targets;  // storage results, in result order
+    std::vector<int> donated;     // argument indices donated to results
+    size_t num_extra = 0;
+  };
+  // The next Flush fills *rec (nullptr: stop recording).
+  void RecordNextFlush(Record* rec) { rec_ = rec; }
+  // A 0-d argument that is never shared with another argument (its value may
+  // change from call to call of a replayed program).
+  hlo::Value ScalarInput(const c10::Scalar& s, hlo::ET et, int index);
+  // Uploads the u64[2] key for a random op (replay of an Arg::rng_numel).
+  static pjrt::BufferPtr RngKeyBuffer(const c10::optional<at::Generator>& gen, int64_t numel);
+  static pjrt::BufferPtr ScalarBuffer(const c10::Scalar& s, hlo::ET et);
+  // Runs an executable on raw arguments (asynchronous unless wait), counting it.
+  static std::vector<pjrt::BufferPtr> Launch(pjrt::Executable& exe, const std::vector<pjrt::BufferPtr>& args,
+                                             bool wait);
+
  private:
   Region();
   struct Slot {
@@ -76,6 +109,8 @@ class Region {
 
   std::unique_ptr<hlo::Builder> b_;
   std::vector<pjrt::BufferPtr> args_;
+  std::vector<Record::Arg> arg_src_;  // parallel to args_
+  Record* rec_ = nullptr;
   std::unordered_map<const pjrt::Buffer*, hlo::Value> buf_args_;
   std::vector<Slot> slots_;
   std::vector<hlo::Value> extra_;

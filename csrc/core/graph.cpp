@@ -4,6 +4,8 @@
 // The module text is the cache key, so every call after the first is a hit.
 #include <torch/extension.h>
 
+#include <atomic>
+
 #include "../ops/registry.h"
 #include "executor.h"
 #include "runtime.h"
@@ -40,6 +42,28 @@ struct OutMeta {
   ET et;
 };
 
+// A lowered-and-compiled form of the graph for one input signature: the
+// executable plus where each argument comes from and where each result goes,
+// so a call with the same signature runs without lowering again.
+struct Plan {
+  std::string key;
+  struct Arg {
+    int input = -1;            // the buffer of this input's storage
+    pjrt::BufferPtr constant;  // a scalar constant of the graph
+    int64_t rng_numel = -1;    // a fresh key from the default generator
+    int scalar_input = -1;     // a Python number input
+    ET scalar_et = ET::F32;
+  };
+  struct Target {
+    int input = -1, output = -1;  // storage of a (mutated) input, or of an output tensor
+    ET et;
+    int64_t numel;
+  };
+  pjrt::ExecutablePtr exe;
+  std::vector<Arg> args;
+  std::vector<Target> targets;
+};
+
 struct Graph {
   int num_values = 0;
   std::vector<int> input_ids;          // value id of each graph input (-1: non-tensor input)
@@ -48,6 +72,8 @@ struct Graph {
   std::vector<OutMeta> out_meta;
   std::vector<std::pair<int, int>> mutations;  // (input index, value id written into it)
   std::string name;
+  std::vector<std::shared_ptr<Plan>> plans;  // most recent first (a few input signatures)
+  int64_t replays = 0, lowerings = 0;
 };
 
 ET EtFromCode(int64_t code) { return (ET)code; }
@@ -147,31 +173,209 @@ std::shared_ptr<Graph> BuildGraph(const std::string& name, int num_values, std::
   return g;
 }
 
-std::vector<at::Tensor> RunGraph(const Graph& g, const std::vector<py::object>& inputs) {
+namespace {
+
+std::atomic<int64_t> g_replays{0}, g_lowerings{0};
+
+ET ScalarInputEt(const py::object& o) {
+  if (py::isinstance<py::bool_>(o)) return ET::PRED;
+  if (py::isinstance<py::int_>(o)) return ET::S64;
+  return ET::F32;
+}
+
+c10::Scalar ScalarInputValue(const py::object& o, ET et) {
+  if (et == ET::PRED) return c10::Scalar(o.cast<bool>());
+  if (et == ET::S64) return c10::Scalar(o.cast<int64_t>());
+  return c10::Scalar(o.cast<double>());
+}
+
+void PutI(std::string& k, int64_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); }
+
+// Everything the lowered program text depends on besides the graph itself:
+// per input its view geometry, dtype, the storage's flat buffer type, which
+// inputs share a storage, and whether its buffer may be donated.
+std::string SignatureKey(const Graph& g, const std::vector<py::object>& inputs, std::vector<at::Tensor>& in_tensors,
+                         std::vector<StatePtr>& states) {
+  std::string k;
+  k.reserve(inputs.size() * 64);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (g.input_ids[i] < 0) {
+      PutI(k, -1);
+      continue;
+    }
+    py::handle o = inputs[i];
+    if (!THPVariable_Check(o.ptr())) {
+      PutI(k, -2 - (int64_t)ScalarInputEt(inputs[i]));
+      continue;
+    }
+    at::Tensor t = THPVariable_Unpack(o.ptr());
+    TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "torchtpu.compile: graph input ", i, " is on ",
+                t.device(), ", expected tpu");
+    in_tensors[i] = t;
+    StatePtr st = GetState(t.storage().unsafeGetStorageImpl());
+    states[i] = st;
+    PutI(k, (int64_t)t.scalar_type());
+    PutI(k, t.dim());
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      PutI(k, t.size(d));
+      PutI(k, t.stride(d));
+    }
+    PutI(k, t.storage_offset());
+    PutI(k, st->nbytes);
+    PutI(k, st->buf ? (int64_t)st->et : -1);
+    PutI(k, st->buf ? st->numel : -1);
+    PutI(k, st->buf && st->buf.use_count() == 1);
+    int64_t same = -1;
+    for (size_t j = 0; j < i; ++j)
+      if (states[j] && (states[j] == st || (st->buf && states[j]->buf == st->buf))) {
+        same = (int64_t)j;
+        break;
+      }
+    PutI(k, same);
+  }
+  return k;
+}
+
+// Maps a Region::Record of the call that lowered the graph onto input and
+// output positions; null if some argument or result has another origin.
+std::shared_ptr<Plan> MakePlan(std::string key, const Region::Record& rec, const std::vector<StatePtr>& states,
+                               const std::vector<py::object>& inputs, const std::vector<at::Tensor>& results) {
+  if (!rec.exe || rec.num_extra) return nullptr;
+  auto plan = std::make_shared<Plan>();
+  plan->key = std::move(key);
+  plan->exe = rec.exe;
+  auto input_of = [&](const StorageState* st) {
+    for (size_t i = 0; i < states.size(); ++i)
+      if (states[i].get() == st) return (int)i;
+    return -1;
+  };
+  for (const auto& a : rec.args) {
+    Plan::Arg pa;
+    if (a.st) {
+      pa.input = input_of(a.st);
+      if (pa.input < 0) return nullptr;
+    } else if (a.scalar_input >= 0) {
+      pa.scalar_input = a.scalar_input;
+      pa.scalar_et = ScalarInputEt(inputs[a.scalar_input]);
+    } else if (a.rng_numel >= 0) {
+      pa.rng_numel = a.rng_numel;
+    } else if (a.constant) {
+      pa.constant = a.constant;
+    } else {
+      return nullptr;
+    }
+    plan->args.push_back(std::move(pa));
+  }
+  for (const auto& t : rec.targets) {
+    Plan::Target pt{input_of(t.st), -1, t.et, t.numel};
+    if (pt.input < 0) {
+      for (size_t k = 0; k < results.size(); ++k)
+        if (results[k].defined() && GetState(results[k].storage().unsafeGetStorageImpl()).get() == t.st) {
+          pt.output = (int)k;
+          break;
+        }
+      if (pt.output < 0) return nullptr;
+    }
+    plan->targets.push_back(pt);
+  }
+  return plan;
+}
+
+// The graph's output tensors: None stays undefined, an output that is a graph
+// input is that input tensor, any other is a new tensor (fresh[k]) whose
+// storage the program's results fill.
+std::vector<at::Tensor> MakeOutputs(const Graph& g, const std::vector<at::Tensor>& in_tensors,
+                                    std::vector<bool>* fresh = nullptr) {
+  std::vector<at::Tensor> results;
+  if (fresh) fresh->assign(g.outputs.size(), false);
+  for (size_t k = 0; k < g.outputs.size(); ++k) {
+    int id = g.outputs[k];
+    if (id < 0) {
+      results.push_back(at::Tensor());
+      continue;
+    }
+    auto it = std::find(g.input_ids.begin(), g.input_ids.end(), id);
+    if (it != g.input_ids.end() && in_tensors[it - g.input_ids.begin()].defined()) {
+      results.push_back(in_tensors[it - g.input_ids.begin()]);
+      continue;
+    }
+    const OutMeta& om = g.out_meta[k];
+    results.push_back(at::detail::empty_strided_generic(om.sizes, om.strides, GetAllocator(),
+                                                        c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                        ToScalarType(om.et)));
+    if (fresh) (*fresh)[k] = true;
+  }
+  return results;
+}
+
+std::vector<at::Tensor> Replay(Graph& g, const Plan& p, const std::vector<py::object>& inputs,
+                               const std::vector<at::Tensor>& in_tensors, const std::vector<StatePtr>& states) {
+  std::vector<pjrt::BufferPtr> args;
+  args.reserve(p.args.size());
+  for (const auto& a : p.args) {
+    if (a.input >= 0) args.push_back(states[a.input]->buf);
+    else if (a.scalar_input >= 0) args.push_back(Region::ScalarBuffer(ScalarInputValue(inputs[a.scalar_input], a.scalar_et), a.scalar_et));
+    else if (a.rng_numel >= 0) args.push_back(Region::RngKeyBuffer(c10::nullopt, a.rng_numel));
+    else args.push_back(a.constant);
+  }
+  std::vector<at::Tensor> results = MakeOutputs(g, in_tensors);
+  auto& ds = GetDeferStats();
+  ds.flushes++;
+  ds.flush_reasons["compiled_graph"]++;
+  ds.programs++;
+  GetMetrics().cache_hits++;
+  std::vector<pjrt::BufferPtr> outs;
+  try {
+    outs = Region::Launch(*p.exe, args, GetMode() == Mode::Debug);
+  } catch (const pjrt::Error& e) {
+    TORCH_CHECK(false, "torchtpu.compile: ", e.what());
+  }
+  args.clear();
+  TORCH_CHECK(outs.size() == p.targets.size(), "torchtpu.compile: program returned ", outs.size(),
+              " results, expected ", p.targets.size());
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const Plan::Target& t = p.targets[i];
+    StatePtr st = t.input >= 0 ? states[t.input] : GetState(results[t.output].storage().unsafeGetStorageImpl());
+    st->buf = outs[i];
+    st->et = t.et;
+    st->numel = t.numel;
+  }
+  g.replays++;
+  g_replays++;
+  return results;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> RunGraph(Graph& g, const std::vector<py::object>& inputs) {
   std::vector<at::Tensor> results;
   std::lock_guard<std::recursive_mutex> lock(Region::Lock());
   Region& r = Region::Current();
   if (!r.empty()) r.Flush(false, "compiled_graph");
+  TORCH_CHECK(inputs.size() == g.input_ids.size(), "torchtpu.compile: graph takes ", g.input_ids.size(),
+              " inputs, got ", inputs.size());
+  std::vector<at::Tensor> in_tensors(inputs.size());
+  std::vector<StatePtr> states(inputs.size());
+  std::string key = SignatureKey(g, inputs, in_tensors, states);
+  GetMetrics().Native("compiled_graph");
+  for (size_t i = 0; i < g.plans.size(); ++i) {
+    if (g.plans[i]->key != key) continue;
+    std::shared_ptr<Plan> p = g.plans[i];
+    if (i) std::rotate(g.plans.begin(), g.plans.begin() + i, g.plans.begin() + i + 1);
+    return Replay(g, *p, inputs, in_tensors, states);
+  }
   std::vector<Value> vals(g.num_values);
   std::vector<bool> have(g.num_values, false);
-  std::vector<at::Tensor> in_tensors(inputs.size());
+  Region::Record rec;
   try {
     for (size_t i = 0; i < inputs.size(); ++i) {
       int id = g.input_ids[i];
       if (id < 0) continue;
-      py::object o = inputs[i];
-      if (THPVariable_Check(o.ptr())) {
-        at::Tensor t = THPVariable_Unpack(o.ptr());
-        TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1,
-                    "torchtpu.compile: graph input ", i, " is on ", t.device(), ", expected tpu");
-        in_tensors[i] = t;
-        vals[id] = r.Read(t);
-      } else if (py::isinstance<py::bool_>(o)) {
-        vals[id] = r.Scalar(c10::Scalar(o.cast<bool>()), ET::PRED);
-      } else if (py::isinstance<py::int_>(o)) {
-        vals[id] = r.Scalar(c10::Scalar(o.cast<int64_t>()), ET::S64);
+      if (in_tensors[i].defined()) {
+        vals[id] = r.Read(in_tensors[i]);
       } else {
-        vals[id] = r.Scalar(c10::Scalar(o.cast<double>()), ET::F32);
+        ET et = ScalarInputEt(inputs[i]);
+        vals[id] = r.ScalarInput(ScalarInputValue(inputs[i], et), et, (int)i);
       }
       have[id] = true;
     }
@@ -215,28 +419,18 @@ std::vector<at::Tensor> RunGraph(const Graph& g, const std::vector<py::object>& 
       TORCH_CHECK(in_tensors[m.first].defined(), "torchtpu.compile: mutated input is not a tensor");
       r.Write(in_tensors[m.first], vals[m.second]);
     }
+    std::vector<bool> fresh;
+    results = MakeOutputs(g, in_tensors, &fresh);
     for (size_t k = 0; k < g.outputs.size(); ++k) {
+      if (!fresh[k]) continue;
       int id = g.outputs[k];
-      if (id < 0) {  // None
-        results.push_back(at::Tensor());
-        continue;
-      }
-      // an output that is a graph input is returned as that tensor
-      auto it = std::find(g.input_ids.begin(), g.input_ids.end(), id);
-      if (it != g.input_ids.end() && in_tensors[it - g.input_ids.begin()].defined()) {
-        results.push_back(in_tensors[it - g.input_ids.begin()]);
-        continue;
-      }
-      const OutMeta& om = g.out_meta[k];
-      at::Tensor t = at::detail::empty_strided_generic(om.sizes, om.strides, GetAllocator(),
-                                                       c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                       ToScalarType(om.et));
       TORCH_CHECK(have[id], "torchtpu.compile: output value ", id, " was never computed");
-      r.Write(t, ops::Cast(r.b(), vals[id], om.et));
-      results.push_back(t);
+      r.Write(results[k], ops::Cast(r.b(), vals[id], g.out_meta[k].et));
     }
-    GetMetrics().Native("compiled_graph");
+    r.RecordNextFlush(&rec);
     r.Flush(GetMode() == Mode::Debug, "compiled_graph");
+    g.lowerings++;
+    g_lowerings++;
   } catch (const ops::LowerError& e) {
     r.Abandon();
     throw;  // torchtpu._C._LowerError (a RuntimeError): the Python side runs the graph eagerly
@@ -247,14 +441,22 @@ std::vector<at::Tensor> RunGraph(const Graph& g, const std::vector<py::object>& 
     r.Abandon();
     throw;
   }
+  if (auto plan = MakePlan(std::move(key), rec, states, inputs, results)) {
+    g.plans.insert(g.plans.begin(), std::move(plan));
+    if (g.plans.size() > 8) g.plans.pop_back();
+  }
   return results;
 }
 
 void BindGraph(py::module& m) {
-  py::class_<Graph, std::shared_ptr<Graph>>(m, "_Graph").def_readonly("name", &Graph::name);
+  py::class_<Graph, std::shared_ptr<Graph>>(m, "_Graph")
+      .def_readonly("name", &Graph::name)
+      .def_readonly("replays", &Graph::replays)
+      .def_readonly("lowerings", &Graph::lowerings);
   py::register_exception<ops::LowerError>(m, "_LowerError", PyExc_RuntimeError);
   m.def("_build_graph", &BuildGraph);
   m.def("_run_graph", &RunGraph);
+  m.def("_graph_counts", [] { return std::make_pair(g_lowerings.load(), g_replays.load()); });
   m.def("_et_name", [](int64_t code) { return std::string(hlo::ETName((ET)code)); });
   m.def("_has_lowering", [](const std::string& op) { return ops::Find(op) != nullptr; });
 }

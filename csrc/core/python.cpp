@@ -113,6 +113,9 @@ PYBIND11_MODULE(_C, m) {
     d["cache_misses"] = mt.cache_misses.load();
     d["disk_cache_hits"] = mt.disk_hits.load();
     d["executions"] = mt.executions.load();
+    d["flush_host_seconds"] = py::dict(py::arg("build_text") = mt.finish_ns.load() / 1e9,
+                                       py::arg("find_executable") = mt.lookup_ns.load() / 1e9,
+                                       py::arg("launch") = mt.launch_ns.load() / 1e9);
     d["bytes_host_to_device"] = mt.h2d_bytes.load();
     d["bytes_device_to_host"] = mt.d2h_bytes.load();
     d["live_buffers"] = tt::pjrt::Buffer::live_buffers();

@@ -48,6 +48,7 @@ void Metrics::Reset() {
   fallback_ops.clear();
   compiles = 0; cache_hits = 0; cache_misses = 0; disk_hits = 0;
   compile_ns = 0; executions = 0; disk_load_ns = 0; disk_store_ns = 0; h2d_bytes = 0; d2h_bytes = 0;
+  finish_ns = 0; lookup_ns = 0; launch_ns = 0;
 }
 
 Runtime& Runtime::Get() {

@@ -34,6 +34,8 @@ class Metrics {
   std::atomic<int64_t> compiles{0}, cache_hits{0}, cache_misses{0}, disk_hits{0};
   std::atomic<int64_t> compile_ns{0}, executions{0}, disk_load_ns{0}, disk_store_ns{0};
   std::atomic<int64_t> h2d_bytes{0}, d2h_bytes{0};
+  // host time of flushes: building the module text, finding its executable, launching it
+  std::atomic<int64_t> finish_ns{0}, lookup_ns{0}, launch_ns{0};
   void Native(const std::string& op) { std::lock_guard<std::mutex> g(mu); native_ops[op]++; }
   void Fallback(const std::string& op) { std::lock_guard<std::mutex> g(mu); fallback_ops[op]++; }
   void Reset();
