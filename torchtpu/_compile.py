@@ -49,12 +49,55 @@ def _is_symbolic(x) -> bool:
     return False
 
 
+_CPU_SCALAR_DTYPES = (torch.bool, torch.float32, torch.float64, torch.int64, torch.int32)
+
+
+def _cpu_scalar(a) -> bool:
+    """A 0-d CPU tensor the graph takes as a scalar program argument (kept on the CPU)."""
+    return (isinstance(a, torch.Tensor) and a.device.type == "cpu" and a.dim() == 0
+            and a.dtype in _CPU_SCALAR_DTYPES)
+
+
+def _cpu_slice(gm: torch.fx.GraphModule, targets: list, placeholders: list):
+    """A CPU function computing `targets` (nodes) from CPU placeholders only.
+
+    An optimizer's CPU step count is updated in place inside the graph; the
+    device program reads it as a scalar and this slice computes the new value
+    on the host, so no device-to-host copy is needed."""
+    needed, stack = set(), list(targets)
+    while stack:
+        n = stack.pop()
+        if n in needed:
+            continue
+        needed.add(n)
+        stack.extend(n.all_input_nodes)
+    g = torch.fx.Graph()
+    env, used = {}, []
+    for n in gm.graph.nodes:
+        if n not in needed:
+            continue
+        if n.op == "placeholder":
+            v = n.meta.get("val")
+            if not isinstance(v, torch.Tensor) or v.device.type != "cpu":
+                raise Unsupported("a CPU input is updated from device values")
+            env[n] = g.placeholder(n.name)
+            used.append(placeholders.index(n))
+        elif n.op == "call_function":
+            env[n] = g.node_copy(n, lambda x: env[x])
+        else:
+            raise Unsupported(f"CPU input update through a {n.op} node")
+    g.output(tuple(env[t] for t in targets))
+    return torch.fx.GraphModule(gm, g), used
+
+
 class _Lowerer:
     def __init__(self, gm: torch.fx.GraphModule):
         self.gm = gm
         self.next = 0
         self.ids: dict[torch.fx.Node, Any] = {}
         self.constants: list[torch.Tensor] = []  # get_attr tensors, passed after the graph inputs
+        self.cpu_outputs: list[int] = []  # outputs the graph produces on the CPU
+        self.cpu_updates = None  # (fn, its input indices, mutated input indices) for CPU inputs updated in place
 
     def new(self) -> int:
         self.next += 1
@@ -140,6 +183,7 @@ class _Lowerer:
             self.ids[n] = i
             input_ids.append(i)
         ph_index = {n: k for k, n in enumerate(placeholders)}
+        cpu_mut = []
         for n in g.nodes:  # lifted constants (e.g. a tensor literal): extra inputs after the args
             if n.op == "get_attr":
                 c = self.gm
@@ -164,6 +208,10 @@ class _Lowerer:
                 schema = n.target._schema
                 if name == "aten::copy_.default" or name == "aten::copy_":
                     dst, src = n.args[0], n.args[1]
+                    if dst in ph_index and dst.meta["val"].device.type == "cpu":
+                        cpu_mut.append((ph_index[dst], src))
+                        self.ids[n] = self.ids[dst]
+                        continue
                     if dst in ph_index:
                         src_id = self.tensor_id(src)
                         dv, sv = dst.meta["val"], src.meta["val"]
@@ -214,11 +262,16 @@ class _Lowerer:
                         raise Unsupported("non-tensor graph output")
                     outputs.append(self.tensor_id(o))
                     out_meta.append((_et(v.dtype), list(v.shape), list(v.stride())))
+                    if v.device.type == "cpu":
+                        self.cpu_outputs.append(len(outputs) - 1)
             elif n.op in ("placeholder", "get_attr"):
                 continue
             else:
                 raise Unsupported(f"node kind {n.op}")
         self.mutated_inputs = {m[0] for m in mutations}
+        if cpu_mut:
+            fn, used = _cpu_slice(self.gm, [src for _, src in cpu_mut], placeholders)
+            self.cpu_updates = (fn, used, [k for k, _ in cpu_mut])
         return _C._build_graph(str(id(self.gm)), self.next, input_ids, nodes, outputs, out_meta, mutations)
 
 
@@ -241,9 +294,10 @@ def _graph_compiler(gm: torch.fx.GraphModule, example_inputs):
         fall_back(str(e))
         return eager
     stats["graphs_compiled"] += 1
-    returns_list = True
     consts = lw.constants
     mutated = lw.mutated_inputs
+    cpu_outputs = lw.cpu_outputs
+    cpu_updates = lw.cpu_updates
     dev_consts: list[torch.Tensor] = []
     state = {"eager": False}
 
@@ -253,8 +307,11 @@ def _graph_compiler(gm: torch.fx.GraphModule, example_inputs):
         if consts and not dev_consts:
             dev_consts.extend(c if c.device.type == "tpu" else c.to("tpu") for c in consts)
         stats["graph_calls"] += 1
-        ins = [a.to("tpu") if isinstance(a, torch.Tensor) and a.device.type == "cpu" and k not in mutated
-               else a for k, a in enumerate(args)]  # e.g. a CPU index tensor from a closure
+        # CPU tensors in the graph (a CPU index tensor from a closure, an optimizer's CPU step
+        # count) run on the device; CPU inputs the graph mutates get the new value copied back.
+        ins = [a.to("tpu") if isinstance(a, torch.Tensor) and a.device.type == "cpu" and not _cpu_scalar(a)
+               else a for a in args]
+        new_cpu = cpu_updates[0](*[args[i] for i in cpu_updates[1]]) if cpu_updates else ()
         try:
             out = _C._run_graph(graph, ins + dev_consts)
         except _C._LowerError as e:
@@ -265,8 +322,13 @@ def _graph_compiler(gm: torch.fx.GraphModule, example_inputs):
             state["eager"] = True
             fall_back(str(e).splitlines()[0].replace("torchtpu.compile: ", "")[:200])
             return eager(args)
+        if cpu_updates:
+            for k, v in zip(cpu_updates[2], new_cpu):
+                args[k].copy_(v)
+        for k in cpu_outputs:
+            out[k] = out[k].cpu()
         args.clear()
-        return out if returns_list else out[0]
+        return out
 
     run._boxed_call = True
     return run

@@ -177,13 +177,25 @@ namespace {
 
 std::atomic<int64_t> g_replays{0}, g_lowerings{0};
 
+// A number input: a Python bool/int/float, or a 0-d CPU tensor (e.g. an
+// optimizer's step count), which enters the program as a scalar argument.
+bool IsCpuScalar(py::handle o) {
+  if (!THPVariable_Check(o.ptr())) return false;
+  const at::Tensor& t = THPVariable_Unpack(o.ptr());
+  auto st = t.scalar_type();
+  return t.device().is_cpu() && t.dim() == 0 &&
+         (st == at::kBool || st == at::kFloat || st == at::kDouble || st == at::kLong || st == at::kInt);
+}
+
 ET ScalarInputEt(const py::object& o) {
+  if (THPVariable_Check(o.ptr())) return ToET(THPVariable_Unpack(o.ptr()).scalar_type());
   if (py::isinstance<py::bool_>(o)) return ET::PRED;
   if (py::isinstance<py::int_>(o)) return ET::S64;
   return ET::F32;
 }
 
 c10::Scalar ScalarInputValue(const py::object& o, ET et) {
+  if (THPVariable_Check(o.ptr())) return THPVariable_Unpack(o.ptr()).item();
   if (et == ET::PRED) return c10::Scalar(o.cast<bool>());
   if (et == ET::S64) return c10::Scalar(o.cast<int64_t>());
   return c10::Scalar(o.cast<double>());
@@ -204,7 +216,7 @@ std::string SignatureKey(const Graph& g, const std::vector<py::object>& inputs, 
       continue;
     }
     py::handle o = inputs[i];
-    if (!THPVariable_Check(o.ptr())) {
+    if (!THPVariable_Check(o.ptr()) || IsCpuScalar(o)) {
       PutI(k, -2 - (int64_t)ScalarInputEt(inputs[i]));
       continue;
     }

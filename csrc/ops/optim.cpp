@@ -98,6 +98,19 @@ FOREACH_BIN("clamp_max", BinOp::Min);
 FOREACH_BIN("pow", BinOp::Pow);
 #undef FOREACH_BIN
 
+// _foreach_pow.ScalarAndTensor(Scalar self, Tensor[] exponent): self ** e[k]
+// (Adam's bias corrections beta ** step under torch.compile).
+std::vector<Value> ForeachScalarPow(LowerCtx& c) {
+  std::vector<Value> es = c.tl(1), out;
+  for (size_t k = 0; k < es.size(); ++k) {
+    const Type& ot = c.out(k);
+    ET ct = ComputeType(ot.et);
+    out.push_back(c.b.Binary("power", Bcast(c.b, c.arg(0).v, ot.dims, ct), Bcast(c.b, es[k], ot.dims, ct)));
+  }
+  return out;
+}
+TT_LOWERINGS(({"aten::_foreach_pow.ScalarAndTensor"}), ForeachScalarPow);
+
 // ---- unary
 using UFn = Value (*)(Builder&, Value);
 #define U(name, expr) \
