@@ -18,7 +18,7 @@ import time
 import torch
 
 import torchtpu
-from torchtpu.examples.gpt import GPTConfig, batches, make_model, synthetic_corpus
+from torchtpu.examples.gpt import GPTConfig, batches, make_model, make_train_step, synthetic_corpus
 
 
 def _timeit(fn, n: int) -> float:
@@ -67,28 +67,20 @@ def gpt_step(steps: int) -> dict:
     out = {}
     for device in ("cpu", "tpu"):
         model = make_model(cfg).to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        step = make_train_step(model, torch.optim.AdamW(model.parameters(), lr=3e-3))
         times = []
         for x, y in batches(corpus, 16, cfg.block_size, steps):
             t0 = time.perf_counter()
-            loss = model(x.to(device), y.to(device))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            loss.item()
+            step(x.to(device), y.to(device)).item()
             times.append(time.perf_counter() - t0)
         out[f"{device}_first_step_ms"] = times[0] * 1000
         out[f"{device}_median_step_ms"] = statistics.median(times[steps // 3:]) * 1000
     out["tpu_over_cpu_step_time"] = out["tpu_median_step_ms"] / out["cpu_median_step_ms"]
     torchtpu.reset_metrics()
     model = make_model(cfg).to("tpu")
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    step = make_train_step(model, torch.optim.AdamW(model.parameters(), lr=3e-3))
     for x, y in batches(corpus, 16, cfg.block_size, 2):
-        loss = model(x.to("tpu"), y.to("tpu"))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        loss.item()
+        step(x.to("tpu"), y.to("tpu")).item()
     m = torchtpu.metrics()
     out["programs_per_step"] = m["executions"] / 2
     out["cpu_fallbacks"] = m["cpu_fallbacks"]

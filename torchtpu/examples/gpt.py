@@ -116,6 +116,25 @@ def make_model(cfg: GPTConfig | None = None, seed: int = 0) -> GPT:
     return GPT(cfg or GPTConfig())
 
 
+def make_train_step(model: nn.Module, opt: torch.optim.Optimizer, compile: bool = False):
+    """One training step (forward, backward, optimizer step) as a function of a batch,
+    returning the loss tensor (not read back: the caller decides when to wait).
+
+    With compile=True the model and the optimizer step both go through
+    torch.compile(backend="tpu") (forward and backward graphs, one optimizer graph)."""
+    fwd = torch.compile(model, backend="tpu") if compile else model
+    opt_step = torch.compile(opt.step, backend="tpu") if compile else opt.step
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = fwd(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt_step()
+        return loss
+
+    return step
+
+
 def param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -125,5 +144,5 @@ def flops_per_token(cfg: GPTConfig, n_params: int) -> float:
     return 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
-__all__ = ["GPTConfig", "GPT", "synthetic_corpus", "batches", "make_model", "param_count",
+__all__ = ["GPTConfig", "GPT", "synthetic_corpus", "batches", "make_model", "make_train_step", "param_count",
            "flops_per_token", "math"]

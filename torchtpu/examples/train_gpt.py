@@ -1,6 +1,6 @@
 """Demo: train a small GPT on the "tpu" device and compare with CPU.
 
-    python -m torchtpu.examples.train_gpt --steps 300 [--compare-cpu]
+    python -m torchtpu.examples.train_gpt --steps 300 [--compare-cpu] [--compile]
 """
 from __future__ import annotations
 
@@ -10,22 +10,19 @@ import time
 import torch
 
 import torchtpu
-from torchtpu.examples.gpt import GPTConfig, batches, make_model, synthetic_corpus
+from torchtpu.examples.gpt import GPTConfig, batches, make_model, make_train_step, synthetic_corpus
 
 
 def train(device: str, steps: int, cfg: GPTConfig, batch: int, lr: float, log_every: int,
-          verbose: bool = True) -> tuple[list[float], list[float]]:
+          verbose: bool = True, compile: bool = False) -> tuple[list[float], list[float]]:
     model = make_model(cfg, seed=0).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    train_step = make_train_step(model, opt, compile=compile)
     corpus = synthetic_corpus(20000, cfg.vocab_size)
     losses, times = [], []
     for step, (x, y) in enumerate(batches(corpus, batch, cfg.block_size, steps)):
         t0 = time.perf_counter()
-        x, y = x.to(device), y.to(device)
-        loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        loss = train_step(x.to(device), y.to(device))
         lv = loss.item()  # host read: waits for the step
         times.append(time.perf_counter() - t0)
         losses.append(lv)
@@ -42,10 +39,12 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--log-every", type=int, default=25)
     ap.add_argument("--compare-cpu", action="store_true", help="also train on CPU and compare losses")
+    ap.add_argument("--compile", action="store_true",
+                    help='torch.compile(backend="tpu") the model and the optimizer step')
     args = ap.parse_args(argv)
     cfg = GPTConfig()
     print(f"torchtpu {torchtpu.__version__}: device {torch.tpu.get_device_name()}, mode {torchtpu.get_mode()}")
-    losses, times = train("tpu", args.steps, cfg, args.batch, args.lr, args.log_every)
+    losses, times = train("tpu", args.steps, cfg, args.batch, args.lr, args.log_every, compile=args.compile)
     steady = sorted(times[len(times) // 2:])[len(times[len(times) // 2:]) // 2]
     print(f"first step {times[0] * 1000:.1f} ms (includes compiles), median steady step {steady * 1000:.2f} ms")
     print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
