@@ -1,5 +1,7 @@
 #include "builder.h"
 
+#include <charconv>
+
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -66,24 +68,40 @@ int64_t Type::numel() const {
   return n;
 }
 
-std::string Type::str() const {
-  std::string s = "tensor<";
+static void AppendInt(std::string& s, int64_t v) {
+  char buf[24];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  s.append(buf, r.ptr - buf);
+}
+
+void Type::AppendTo(std::string& s) const {
+  s += "tensor<";
   for (auto d : dims) {
-    s += std::to_string(d);
+    AppendInt(s, d);
     s += 'x';
   }
   s += ETName(et);
   s += '>';
+}
+
+std::string Type::str() const {
+  std::string s;
+  AppendTo(s);
   return s;
 }
 
-std::string Value::name() const {
-  std::string s = arg ? "%arg" : "%";
-  s += std::to_string(id);
-  if (idx >= 0) {
+static void AppendName(std::string& s, const Value& v) {
+  s += v.arg ? "%arg" : "%";
+  AppendInt(s, v.id);
+  if (v.idx >= 0) {
     s += '#';
-    s += std::to_string(idx);
+    AppendInt(s, v.idx);
   }
+}
+
+std::string Value::name() const {
+  std::string s;
+  AppendName(s, *this);
   return s;
 }
 
@@ -117,93 +135,117 @@ Value Builder::Arg(const Type& t) {
   return v;
 }
 
-static std::string FnType(const std::vector<Value>& operands, const std::vector<Type>& results) {
-  std::string s = "(";
-  for (size_t i = 0; i < operands.size(); ++i) {
-    if (i) s += ", ";
-    s += operands[i].type.str();
-  }
-  s += ") -> ";
-  if (results.size() == 1) return s + results[0].str();
-  s += "(";
+std::vector<Value> Builder::Op(std::string_view name, const std::vector<Value>& operands,
+                               const std::vector<Type>& results, std::string_view attrs,
+                               const std::vector<Region>& regions) {
+  int id = Emit({}, name, operands.data(), operands.size(), results.data(), results.size(), attrs,
+                regions.empty() ? nullptr : &regions);
+  std::vector<Value> out;
+  out.reserve(results.size());
   for (size_t i = 0; i < results.size(); ++i) {
-    if (i) s += ", ";
-    s += results[i].str();
+    out.push_back(Value::Of(id, results[i]));
+    if (results.size() > 1) out.back().idx = (int32_t)i;
   }
-  return s + ")";
+  return out;
 }
 
-std::vector<Value> Builder::Op(const std::string& name, const std::vector<Value>& operands,
-                               const std::vector<Type>& results, const std::string& attrs,
-                               const std::vector<Region>& regions) {
-  for (const auto& o : operands)
-    if (!o.valid()) throw std::runtime_error("hlo: invalid operand to " + name);
+Value Builder::Op1(std::string_view name, const std::vector<Value>& operands, const Type& result,
+                   std::string_view attrs, const std::vector<Region>& regions) {
+  return Value::Of(Emit({}, name, operands.data(), operands.size(), &result, 1, attrs,
+                        regions.empty() ? nullptr : &regions),
+                   result);
+}
+
+int Builder::Emit(std::string_view prefix, std::string_view name, const Value* operands, size_t n_operands,
+                  const Type* results, size_t n_results, std::string_view attrs,
+                  const std::vector<Region>* regions) {
+  for (size_t i = 0; i < n_operands; ++i)
+    if (!operands[i].valid())
+      throw std::runtime_error("hlo: invalid operand to " + std::string(prefix) + std::string(name));
   int id = next_++;
-  std::string line = indent_;
-  if (!results.empty()) {
-    line += "%" + std::to_string(id);
-    if (results.size() > 1) line += ":" + std::to_string(results.size());
-    line += " = ";
-  }
-  line += "\"" + name + "\"(";
-  for (size_t i = 0; i < operands.size(); ++i) {
-    if (i) line += ", ";
-    line += operands[i].name();
-  }
-  line += ")";
-  if (!regions.empty()) {
-    line += " (";
-    for (size_t r = 0; r < regions.size(); ++r) {
-      if (r) line += ", ";
-      line += "{\n";
+  // Regions are emitted into their own text first (their ops take ids before
+  // this op's line is complete), then the line is appended in one piece.
+  std::string region_text;
+  if (regions) {
+    region_text += " (";
+    for (size_t r = 0; r < regions->size(); ++r) {
+      const Region& rg = (*regions)[r];
+      if (r) region_text += ", ";
+      region_text += "{\n";
       std::string saved_body;
       saved_body.swap(body_);
       std::string saved_indent = indent_;
       indent_ += "  ";
       std::vector<Value> bargs;
       std::string header = indent_.substr(0, indent_.size() - 2) + "^bb0(";
-      for (size_t i = 0; i < regions[r].arg_types.size(); ++i) {
-        Value v;
-        v.id = next_++;
-        v.type = regions[r].arg_types[i];
+      for (size_t i = 0; i < rg.arg_types.size(); ++i) {
+        Value v = Value::Of(next_++, rg.arg_types[i]);
         bargs.push_back(v);
         if (i) header += ", ";
-        header += v.name() + ": " + v.type.str();
+        AppendName(header, v);
+        header += ": ";
+        v.type.AppendTo(header);
       }
       header += "):\n";
-      std::vector<Value> rets = regions[r].body(*this, bargs);
-      std::vector<Type> rtypes;
+      std::vector<Value> rets = rg.body(*this, bargs);
       std::string ret = indent_ + "\"stablehlo.return\"(";
       for (size_t i = 0; i < rets.size(); ++i) {
         if (i) ret += ", ";
-        ret += rets[i].name();
+        AppendName(ret, rets[i]);
       }
       ret += ") : (";
       for (size_t i = 0; i < rets.size(); ++i) {
         if (i) ret += ", ";
-        ret += rets[i].type.str();
+        rets[i].type.AppendTo(ret);
       }
       ret += ") -> ()\n";
       std::string inner = header + body_ + ret;
       body_.swap(saved_body);
       indent_ = saved_indent;
-      line += inner + indent_ + "}";
+      region_text += inner + indent_ + "}";
     }
-    line += ")";
+    region_text += ")";
   }
-  if (!attrs.empty()) line += " {" + attrs + "}";
-  line += " : " + FnType(operands, results) + "\n";
-  body_ += line;
-  std::vector<Value> out;
-  out.reserve(results.size());
-  for (size_t i = 0; i < results.size(); ++i) {
-    Value v;
-    v.id = id;
-    v.idx = results.size() > 1 ? (int32_t)i : -1;
-    v.type = results[i];
-    out.push_back(v);
+  std::string& s = body_;
+  s += indent_;
+  if (n_results) {
+    s += '%';
+    AppendInt(s, id);
+    if (n_results > 1) {
+      s += ':';
+      AppendInt(s, (int64_t)n_results);
+    }
+    s += " = ";
   }
-  return out;
+  s += '"';
+  s += prefix;
+  s += name;
+  s += "\"(";
+  for (size_t i = 0; i < n_operands; ++i) {
+    if (i) s += ", ";
+    AppendName(s, operands[i]);
+  }
+  s += ')';
+  s += region_text;
+  if (!attrs.empty()) {
+    s += " {";
+    s += attrs;
+    s += '}';
+  }
+  s += " : (";
+  for (size_t i = 0; i < n_operands; ++i) {
+    if (i) s += ", ";
+    operands[i].type.AppendTo(s);
+  }
+  s += ") -> ";
+  if (n_results != 1) s += '(';
+  for (size_t i = 0; i < n_results; ++i) {
+    if (i) s += ", ";
+    results[i].AppendTo(s);
+  }
+  if (n_results != 1) s += ')';
+  s += '\n';
+  return id;
 }
 
 std::string Builder::Finish(const std::vector<Value>& results, const std::string& name) const {

@@ -6,6 +6,7 @@
 #include <functional>
 #include <initializer_list>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tt::hlo {
@@ -33,6 +34,7 @@ struct Type {
   int rank() const { return (int)dims.size(); }
   int64_t numel() const;
   std::string str() const;  // tensor<2x3xf32>
+  void AppendTo(std::string& s) const;
   Type with_et(ET e) const { return Type(e, dims); }
   Type with_dims(Dims d) const { return Type(et, std::move(d)); }
   bool operator==(const Type& o) const { return et == o.et && dims == o.dims; }
@@ -46,6 +48,12 @@ struct Value {
   bool arg = false;  // function argument %argN
   bool valid() const { return id >= 0; }
   std::string name() const;
+  static Value Of(int32_t id, const Type& t) {
+    Value v;
+    v.id = id;
+    v.type = t;
+    return v;
+  }
   const Dims& dims() const { return type.dims; }
   ET et() const { return type.et; }
   int rank() const { return type.rank(); }
@@ -72,13 +80,11 @@ class Builder {
   void SetArgAttr(int i, const std::string& attr) { arg_attrs_.at(i) = attr; }
 
   // Generic op emission. `attrs` is the inner text of the attribute dict.
-  std::vector<Value> Op(const std::string& name, const std::vector<Value>& operands,
-                        const std::vector<Type>& results, const std::string& attrs = "",
+  std::vector<Value> Op(std::string_view name, const std::vector<Value>& operands,
+                        const std::vector<Type>& results, std::string_view attrs = {},
                         const std::vector<Region>& regions = {});
-  Value Op1(const std::string& name, const std::vector<Value>& operands, const Type& result,
-            const std::string& attrs = "", const std::vector<Region>& regions = {}) {
-    return Op(name, operands, {result}, attrs, regions)[0];
-  }
+  Value Op1(std::string_view name, const std::vector<Value>& operands, const Type& result,
+            std::string_view attrs = {}, const std::vector<Region>& regions = {});
 
   // Module text with the given results; `name` is the module symbol.
   std::string Finish(const std::vector<Value>& results, const std::string& name = "torchtpu") const;
@@ -103,16 +109,19 @@ class Builder {
   Value Pad(Value v, Value pad_value, const Dims& low, const Dims& high, const Dims& interior);
   Value Select(Value pred, Value a, Value b);
   Value Compare(Value a, Value b, const char* dir);  // EQ NE LT LE GT GE
-  Value Unary(const char* op, Value a) { return Op1(std::string("stablehlo.") + op, {a}, a.type); }
-  Value Binary(const char* op, Value a, Value b) {
-    return Op1(std::string("stablehlo.") + op, {a, b}, a.type);
+  Value Unary(const char* op, const Value& a) {
+    return Value::Of(Emit("stablehlo.", op, &a, 1, &a.type, 1, {}, nullptr), a.type);
   }
-  Value Add(Value a, Value b) { return Binary("add", a, b); }
-  Value Sub(Value a, Value b) { return Binary("subtract", a, b); }
-  Value Mul(Value a, Value b) { return Binary("multiply", a, b); }
-  Value Div(Value a, Value b) { return Binary("divide", a, b); }
-  Value Max(Value a, Value b) { return Binary("maximum", a, b); }
-  Value Min(Value a, Value b) { return Binary("minimum", a, b); }
+  Value Binary(const char* op, const Value& a, const Value& b) {
+    const Value ab[2] = {a, b};
+    return Value::Of(Emit("stablehlo.", op, ab, 2, &a.type, 1, {}, nullptr), a.type);
+  }
+  Value Add(const Value& a, const Value& b) { return Binary("add", a, b); }
+  Value Sub(const Value& a, const Value& b) { return Binary("subtract", a, b); }
+  Value Mul(const Value& a, const Value& b) { return Binary("multiply", a, b); }
+  Value Div(const Value& a, const Value& b) { return Binary("divide", a, b); }
+  Value Max(const Value& a, const Value& b) { return Binary("maximum", a, b); }
+  Value Min(const Value& a, const Value& b) { return Binary("minimum", a, b); }
   // Reduce `v` over `dims` with a binary region op ("add", "maximum", ...).
   Value Reduce(Value v, Value init, const Dims& dims, const char* op);
   std::vector<Value> ReduceMulti(const std::vector<Value>& vs, const std::vector<Value>& inits,
@@ -123,6 +132,9 @@ class Builder {
 
  private:
   friend class RegionScope;
+  // Appends one op ("prefix+name"(operands) ... : type) to the body; returns its id.
+  int Emit(std::string_view prefix, std::string_view name, const Value* operands, size_t n_operands,
+           const Type* results, size_t n_results, std::string_view attrs, const std::vector<Region>* regions);
   int next_ = 0;
   std::vector<Type> arg_types_;
   std::vector<std::string> arg_attrs_;
