@@ -160,7 +160,7 @@ def make_model():
 OPTS = {
     "sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
     "sgd_plain": lambda p: torch.optim.SGD(p, lr=0.1),
-    "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.5, dampening=0.1),
+    "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.5, dampening=0.1),
     "adam": lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.1),
     "adam_amsgrad": lambda p: torch.optim.Adam(p, lr=0.01, amsgrad=True),
     "adamw": lambda p: torch.optim.AdamW(p, lr=0.01),

@@ -562,11 +562,42 @@ void DebugValidateOutputs(const std::string& name, const MetaResult& mr, const s
 
 }  // namespace
 
+// What NativeKernel needs to know about an operator besides its arguments,
+// computed once per schema (the dispatcher's schemas live for the process).
+struct OpStatic {
+  std::string name;  // "aten::add.Tensor"
+  const ops::Lowering* lw = nullptr;
+  std::vector<std::string> arg_names;
+  bool matmul = false, fill = false, batch_norm = false;
+};
+
+static const OpStatic& GetOpStatic(const c10::FunctionSchema& schema) {
+  static std::mutex mu;
+  static std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpStatic>> cache;
+  std::lock_guard<std::mutex> g(mu);
+  auto& slot = cache[&schema];
+  if (!slot) {
+    auto o = std::make_unique<OpStatic>();
+    o->name = schema.name();
+    if (!schema.overload_name().empty()) o->name += "." + schema.overload_name();
+    o->lw = ops::Find(o->name);
+    for (const auto& a : schema.arguments()) o->arg_names.push_back(a.name());
+    static const std::unordered_set<std::string> kMatmul = {"aten::mm", "aten::addmm", "aten::bmm",
+        "aten::baddbmm", "aten::addmv", "aten::mv", "aten::dot", "aten::matmul", "aten::addbmm"};
+    o->matmul = kMatmul.count(schema.name()) > 0;
+    // fill_/zero_ write one value: CPU allows expanded (self-aliasing) outputs.
+    o->fill = schema.name() == "aten::fill_" || schema.name() == "aten::zero_";
+    o->batch_norm = o->name == "aten::native_batch_norm" || o->name == "aten::native_batch_norm.out";
+    slot = std::move(o);
+  }
+  return *slot;
+}
+
 void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
-  std::string name = schema.name();
-  if (!schema.overload_name().empty()) name += "." + schema.overload_name();
-  const ops::Lowering* lw = ops::Find(name);
+  const OpStatic& info = GetOpStatic(schema);
+  const std::string& name = info.name;
+  const ops::Lowering* lw = info.lw;
   TORCH_CHECK(lw, "torchtpu: no lowering registered for ", name);
   size_t nargs = schema.arguments().size();
   std::vector<c10::IValue> args(stack->end() - nargs, stack->end());
@@ -674,7 +705,7 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     }
     // native_batch_norm updates running_mean/running_var in place when
     // training although its schema does not mark them written (CPU/CUDA do).
-    if ((name == "aten::native_batch_norm" || name == "aten::native_batch_norm.out") && nargs > 5 &&
+    if (info.batch_norm && nargs > 5 &&
         args[5].isBool() && args[5].toBool()) {
       for (size_t i = 3; i <= 4; ++i)
         if (args[i].isTensor() && args[i].toTensor().defined() && IsTpu(args[i].toTensor()))
@@ -698,12 +729,8 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     for (auto& a : args) {
       if (a.isTensor() && a.toTensor().defined() && IsTpu(a.toTensor())) inputs.push_back(&a.toTensor());
     }
-    static const std::unordered_set<std::string> kMatmul = {"aten::mm", "aten::addmm", "aten::bmm",
-        "aten::baddbmm", "aten::addmv", "aten::mv", "aten::dot", "aten::matmul", "aten::addbmm"};
-    // fill_/zero_ write one value: CPU allows expanded (self-aliasing) outputs.
-    static const std::unordered_set<std::string> kFill = {"aten::fill_", "aten::zero_"};
-    bool check_internal = !kFill.count(schema.name());
-    bool check_partial = !kMatmul.count(schema.name());
+    bool check_internal = !info.fill;
+    bool check_partial = !info.matmul;
     for (const at::Tensor& real : outs) {
       bool is_input = false;
       for (const at::Tensor& fi : flat_inputs)
@@ -720,13 +747,13 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   std::lock_guard<std::recursive_mutex> g(Region::Lock());
   Region& r = Region::Current();
   ET hint = outs.empty() ? ET::F32 : ToET(outs[0].scalar_type());
-  ops::LowerCtx c{r.b(), name, {}, {}, {}, {}};
+  ops::LowerCtx c{r.b(), name, {}, info.arg_names, {}, {}};
+  c.args.reserve(nargs);
   try {
     for (size_t i = 0; i < nargs; ++i) {
       const c10::IValue& v = args[i];
       const c10::Argument& sa = schema.arguments()[i];
       ops::Arg a;
-      c.names.push_back(sa.name());
       if (v.isNone()) {
         a.kind = ops::Arg::None;
       } else if (v.isTensor()) {

@@ -53,9 +53,9 @@ class LowerError : public std::runtime_error {
 
 struct LowerCtx {
   Builder& b;
-  std::string op;                 // "aten::add.Tensor"
-  std::vector<Arg> args;          // schema order
-  std::vector<std::string> names; // schema argument names
+  const std::string& op;                 // "aten::add.Tensor"
+  std::vector<Arg> args;                 // schema order
+  const std::vector<std::string>& names; // schema argument names
   std::vector<Type> outs;         // output types (logical shapes, from meta)
   // Random ops: a u64[2] key value; the executor provides it on request.
   std::function<Value()> rng_key;
