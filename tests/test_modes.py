@@ -1,4 +1,6 @@
 """Eager modes: strict (default), debug and defer_and_fuse."""
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -411,3 +413,49 @@ def test_defer_loop_detection(metrics):
     assert m["loops_detected"] >= 1
     # regions are cut at the loop boundary: few distinct programs, many hits
     assert m["compiles"] <= 4 and m["cache_hits"] >= 2, m
+
+
+def test_defer_training_loop_one_program_per_step(metrics):
+    """A training loop that reads the loss every step, then one that does not:
+    each step is one cached program (the loop body learned from the synced
+    steps is cut after one iteration, no multi-step region to compile), and
+    the optimizer's temporaries are not materialized (the cut waits for the
+    next iteration's first op, when they are dead)."""
+    torch.manual_seed(0)
+    # a loop body of tens of ops (tinier bodies are grouped several per region)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.GELU(),
+                                torch.nn.Linear(32, 32), torch.nn.LayerNorm(32), torch.nn.GELU(),
+                                torch.nn.Linear(32, 4))
+    ref = copy.deepcopy(model)
+    xs = [torch.randn(8, 16) for _ in range(12)]
+    with torchtpu.mode("defer_and_fuse"):
+        model = model.to(D)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+        def step(x):
+            loss = model(x).square().mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            return loss
+
+        synced = [step(x.to(D)).item() for x in xs[:5]]
+        m0 = torchtpu.metrics()
+        pipelined = [step(x.to(D)) for x in xs[5:]]
+        pipelined = [l.item() for l in pipelined]
+        m1 = torchtpu.metrics()
+    # one new program at most (the pipelined steps keep no host read inside the region)
+    assert m1["compiles"] - m0["compiles"] <= 1, (m0["compiles"], m1["compiles"])
+    assert m1["flush_reasons"].get("loop_boundary", 0) - m0["flush_reasons"].get("loop_boundary", 0) >= 5
+    assert m1["programs"] - m0["programs"] <= len(xs[5:]) + 1
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    losses = []
+    for x in xs:
+        loss = ref(x).square().mean()
+        opt_ref.zero_grad(set_to_none=True)
+        loss.backward()
+        opt_ref.step()
+        losses.append(loss.item())
+    torch.testing.assert_close(synced + pipelined, losses, rtol=1e-4, atol=1e-5)
+    for a, b in zip(ref.parameters(), model.parameters()):
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=1e-5)

@@ -179,6 +179,7 @@ void Region::Reset() {
   slots_.clear();
   extra_.clear();
   ops_ = 0;
+  cut_pending_ = false;
   epoch_ = g_epoch.fetch_add(1);
 }
 
@@ -356,6 +357,8 @@ int64_t DeferThreshold() {
   return t;
 }
 
+constexpr size_t kTinyLoopOps = 32;
+
 void Region::AfterOp(uint64_t sig) {
   ops_++;
   Mode m = GetMode();
@@ -372,11 +375,15 @@ void Region::AfterOp(uint64_t sig) {
       candidates_.clear();
     } else if (++period_pos_ == period_) {
       period_pos_ = 0;
-      Flush(false, "loop_boundary");
+      cut_pending_ = true;
       return;
     }
   }
-  if (!period_) {
+  if (!period_ && sigs_.empty() && !known_loop_.empty() && sig == known_loop_[0]) {
+    period_ = known_loop_.size();
+    period_sigs_ = known_loop_;
+    period_pos_ = 1;
+  } else if (!period_) {
     sigs_.push_back(sig);
     size_t n = sigs_.size();
     if (n > 1 && sig == sigs_[0]) candidates_.push_back(n - 1);
@@ -390,15 +397,20 @@ void Region::AfterOp(uint64_t sig) {
     for (size_t p : candidates_) {
       if (2 * p != n) continue;
       if (std::equal(sigs_.begin(), sigs_.begin() + p, sigs_.begin() + p)) {
-        // cut every k iterations: big regions, always at the same phase
-        period_ = p * std::max<size_t>(1, (size_t)DeferThreshold() / 2 / p);
+        // Cut every iteration, always at the same phase. A tiny body (an
+        // elementwise chain) is cut every k iterations instead, so a region
+        // holds enough work; a body of tens of ops or more stays one
+        // iteration per region, the program a loop that syncs every step
+        // (loss.item()) has compiled already: grouping iterations would cost
+        // a second, bigger compile for no fusion gain.
+        period_ = p < kTinyLoopOps ? p * std::max<size_t>(1, (size_t)DeferThreshold() / 2 / p) : p;
         period_pos_ = (2 * p) % period_;  // phase origin: the first op of sigs_
         period_sigs_.assign(sigs_.begin(), sigs_.begin() + p);
         GetDeferStats().periods_detected++;
         sigs_.clear();
         candidates_.clear();
         if (period_pos_ == 0) {
-          Flush(false, "loop_boundary");
+          cut_pending_ = true;
           return;
         }
       }
@@ -416,6 +428,10 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
     if (std::strcmp(reason, "loop_boundary") && std::strcmp(reason, "loop_detected") &&
         std::strcmp(reason, "size_threshold")) {
       // a host read or sync inside a loop: restart detection from here
+      if (sigs_.size() >= kTinyLoopOps) {
+        if (sigs_ == last_sigs_) known_loop_ = sigs_;
+        last_sigs_ = std::move(sigs_);
+      }
       sigs_.clear();
       candidates_.clear();
       period_ = 0;

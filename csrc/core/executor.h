@@ -57,6 +57,16 @@ class Region {
   // mode's flush policy (strict: flush now; debug: flush and wait;
   // defer_and_fuse: flush at detected loop boundaries or the size threshold).
   void AfterOp(uint64_t signature);
+  // Called before an op records: performs a loop-boundary cut that AfterOp
+  // left pending. The cut waits for the next iteration's first op so that
+  // temporaries the finished iteration's Python frames still held (the
+  // optimizer's intermediate lists) are dead by then and never materialized.
+  void BeginOp() {
+    if (cut_pending_) {
+      cut_pending_ = false;
+      if (!empty()) Flush(false, "loop_boundary");
+    }
+  }
   bool empty() const { return ops_ == 0 && extra_.empty(); }
   uint64_t epoch() const { return epoch_; }
   void CountOp() { ops_++; }
@@ -122,6 +132,12 @@ class Region {
   size_t period_ = 0;       // detected iteration length in ops (0 = none)
   size_t period_pos_ = 0;   // ops since the last periodic flush
   std::vector<uint64_t> period_sigs_;
+  // The op sequence of the last region a host read or sync ended, and a loop
+  // body seen twice that way (a loop reading the loss every step): a later
+  // sequence starting with that body is cut after it at once, with no
+  // two-iteration detection region and its extra compile.
+  std::vector<uint64_t> last_sigs_, known_loop_;
+  bool cut_pending_ = false;
 };
 
 struct DeferStats {

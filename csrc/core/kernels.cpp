@@ -177,6 +177,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   if (IsTpu(self)) at::assert_no_partial_overlap(dst, self);
   std::lock_guard<std::recursive_mutex> g(Region::Lock());
   Region& r = Region::Current();
+  r.BeginOp();
   if (!IsTpu(self)) {
     // host -> device
     at::Tensor src = self.resolve_conj().resolve_neg();
@@ -746,6 +747,7 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   // 2. Lower into the current region.
   std::lock_guard<std::recursive_mutex> g(Region::Lock());
   Region& r = Region::Current();
+  r.BeginOp();
   ET hint = outs.empty() ? ET::F32 : ToET(outs[0].scalar_type());
   ops::LowerCtx c{r.b(), name, {}, info.arg_names, {}, {}};
   c.args.reserve(nargs);

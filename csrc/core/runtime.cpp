@@ -144,7 +144,12 @@ pjrt::ExecutablePtr Runtime::Executable(const std::string& text) {
       std::fclose(f);
     }
   }
-  static const std::string options = pjrt::DefaultCompileOptions();
+  static const std::string with_dots = pjrt::DefaultCompileOptions(client_->platform_name(), true),
+                           elementwise = pjrt::DefaultCompileOptions(client_->platform_name(), false);
+  const std::string& options =
+      text.find("dot_general") != std::string::npos || text.find("convolution") != std::string::npos
+          ? with_dots
+          : elementwise;
   pjrt::ExecutablePtr exe;
   int64_t t0 = NowNs();
   exe = DiskCacheLoad(*client_, fingerprint_, text, options);

@@ -142,7 +142,10 @@ class Client {
 
 // Serialized xla.CompileOptionsProto with num_replicas = num_partitions = 1,
 // hand-encoded (protobuf wire format).
-std::string DefaultCompileOptions();
+// Compile options for `platform` (PJRT_Client_PlatformName: "cpu", "cuda", "tpu"),
+// with the overrides of TORCHTPU_XLA_OPTIONS.
+// `has_dots`: the program holds dot_general or convolution ops.
+std::string DefaultCompileOptions(const std::string& platform = "", bool has_dots = true);
 
 size_t ElementSize(PJRT_Buffer_Type t);
 
