@@ -304,3 +304,24 @@ def test_compiled_optimizer_step_matches_cpu(opt_cls):
         steps = [s["step"] for s in opt.state.values()]
         assert all(float(s) == 4.0 for s in steps)
     assert _stats()["graph_fallbacks"] == before
+
+
+def test_import_does_not_load_dynamo_and_backend_registers_on_demand(pyrun):
+    """Importing torchtpu leaves torch._dynamo (about a second) unimported;
+    torch.compile(backend="tpu") still finds the backend, in either import order."""
+    code = (
+        "import sys, torch, torchtpu\n"
+        "assert 'torch._dynamo' not in sys.modules, 'torchtpu imported Dynamo'\n"
+        "f = torch.compile(lambda x: (x * 2).sin(), backend='tpu')\n"
+        "x = torch.arange(4.0)\n"
+        "torch.testing.assert_close(f(x.to('tpu')).cpu(), (x * 2).sin())\n"
+        "assert torchtpu.metrics()['compile']['graphs_compiled'] >= 1\n"
+    )
+    code_dynamo_first = (
+        "import torch, torch._dynamo, torchtpu\n"
+        "f = torch.compile(lambda x: x + 1, backend='tpu')\n"
+        "assert f(torch.ones(2, device='tpu')).cpu().tolist() == [2.0, 2.0]\n"
+    )
+    for c in (code, code_dynamo_first):
+        r = pyrun(c, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]

@@ -9,7 +9,10 @@ writes into the input's storage, donated in place.
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import operator
+import sys
 import warnings
 from typing import Any
 
@@ -361,19 +364,54 @@ def backend(gm, example_inputs, **kwargs):
     return _backend(gm, example_inputs, **kwargs)
 
 
-def register() -> None:
-    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+_REGISTRY = "torch._dynamo.backends.registry"
 
-    if "tpu" not in _BACKENDS:
+
+def _register_now() -> None:
+    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+
+    if "tpu" not in _COMPILER_FNS:
         register_backend(name="tpu")(backend)
 
 
-def metrics() -> dict:
-    from torch._dynamo.utils import counters
+class _RegisterWhenDynamoLoads(importlib.abc.MetaPathFinder):
+    """Registers the backend the moment Dynamo's backend registry is imported
+    (by torch.compile or anything else), so that importing torchtpu does not
+    import torch._dynamo (about a second) for users who never compile."""
 
+    def find_spec(self, fullname, path, target=None):
+        if fullname != _REGISTRY:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_register(module):
+            exec_module(module)
+            sys.modules[fullname] = module
+            _register_now()
+
+        spec.loader.exec_module = exec_then_register
+        return spec
+
+
+def register() -> None:
+    if _REGISTRY in sys.modules:
+        _register_now()
+    elif not any(isinstance(f, _RegisterWhenDynamoLoads) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterWhenDynamoLoads())
+
+
+def metrics() -> dict:
     from . import _C
 
+    breaks = 0
+    if "torch._dynamo.utils" in sys.modules:  # else nothing was compiled: don't import Dynamo
+        from torch._dynamo.utils import counters
+
+        breaks = sum(counters["graph_break"].values())
     lowerings, replays = _C._graph_counts()
     return {**stats, "graph_lowerings": lowerings, "graph_replays": replays,
-            "graph_fallback_reasons": dict(_fallback_reasons),
-            "graph_breaks": sum(counters["graph_break"].values())}
+            "graph_fallback_reasons": dict(_fallback_reasons), "graph_breaks": breaks}
