@@ -160,7 +160,13 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   if (dst.numel() == 0) return dst;
   if (IsTpu(self) && !IsTpu(dst)) {
     // device -> host: read the source view contiguously, then let CPU copy_
-    // handle dtype conversion and the destination's strides.
+    // handle dtype conversion and the destination's strides; straight into a
+    // contiguous destination of the same dtype (.cpu(), .numpy()).
+    if (dst.is_contiguous() && dst.scalar_type() == self.scalar_type() && !self.is_conj() &&
+        !self.is_neg() && !dst.is_conj() && !dst.is_neg() && dst.sizes() == self.sizes()) {
+      ReadToHost(self, dst.data_ptr());
+      return dst;
+    }
     at::Tensor host = at::empty(self.sizes(), self.options().device(c10::kCPU));
     ReadToHost(self, host.data_ptr());
     // the raw values of a lazily conjugated/negated view (see the Conjugate
