@@ -140,9 +140,10 @@ def test_event_elapsed_time_grows_with_work():
     def timed(reps):
         s, e = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
         s.record()
-        work(256, reps)
+        r = work(256, reps)  # held: defer_and_fuse never runs work whose result is dead
         e.record()
         e.synchronize()
+        del r
         return s.elapsed_time(e)
     small = min(timed(1) for _ in range(2))
     big = min(timed(40) for _ in range(2))
