@@ -29,6 +29,7 @@ no Dynamo graph break); a graph run eagerly is listed in ``fallbacks`` as
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import math
 import warnings
@@ -86,7 +87,9 @@ def all_ops():
     return out
 
 
+@functools.cache
 def ops_by_key():
+    """op key -> OpInfo entry (built once; callers must not change it)."""
     return {op_key(op): op for op in all_ops()}
 
 
@@ -513,6 +516,19 @@ def run_op(op, dtype=torch.float32, limit=3, variants=VARIANTS, on_sample=None):
             on_sample(rec)
         results.append(rec)
     return results
+
+
+def failures(results):
+    """run_op's results -> (bad, fallbacks): a line for each record that neither passed nor was
+    skipped, and the set of "variant:op" CPU / graph fallbacks of the records that ran."""
+    bad, fallbacks = [], set()
+    for r in results:
+        for x in r["records"]:
+            if x["status"] not in ("pass", "skip"):
+                bad.append(f"sample {r['sample']} ({r['desc'][:80]}) {x['variant']}: {x['status']}: {x['msg']}")
+            if x["status"] != "skip" and x["native"] is False:
+                fallbacks.update(f"{x['variant']}:{f}" for f in x["fallbacks"])
+    return bad, fallbacks
 
 
 def _describe(s) -> str:

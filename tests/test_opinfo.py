@@ -55,16 +55,6 @@ XFAIL = {
 KNOWN_FALLBACK = {
 }
 
-_OPS = None
-
-
-def _ops():
-    global _OPS
-    if _OPS is None:
-        _OPS = U.ops_by_key()
-    return _OPS
-
-
 def _params(keys, fast):
     out = []
     for k in keys:
@@ -76,17 +66,10 @@ def _params(keys, fast):
 
 
 def _check(key, limit, require_native, stale_if_native=False):
-    op = _ops()[key]
+    op = U.ops_by_key()[key]
     if not U.supports_dtype(op, torch.float32):
         pytest.skip("float32 not supported on cpu")
-    results = U.run_op(op, torch.float32, limit=limit)
-    bad, fallbacks = [], set()
-    for r in results:
-        for x in r["records"]:
-            if x["status"] not in ("pass", "skip"):
-                bad.append(f"sample {r['sample']} ({r['desc'][:80]}) {x['variant']}: {x['status']}: {x['msg']}")
-            if x["status"] != "skip" and x["native"] is False:
-                fallbacks.update(f"{x['variant']}:{f}" for f in x["fallbacks"])
+    bad, fallbacks = U.failures(U.run_op(op, torch.float32, limit=limit))
     assert not bad, "\n".join(bad)
     if require_native:
         assert not fallbacks, f"ran through the CPU fallback: {sorted(fallbacks)}"
@@ -95,7 +78,7 @@ def _check(key, limit, require_native, stale_if_native=False):
 
 
 def test_fast_ops_exist():
-    missing = [k for k in FAST_OPS if k not in _ops()]
+    missing = [k for k in FAST_OPS if k not in U.ops_by_key()]
     assert not missing, f"not in op_db: {missing}"
     stale = [k for k in list(XFAIL) + list(KNOWN_FALLBACK) if k not in FAST_OPS]
     assert not stale, f"xfail/fallback entries not in FAST_OPS: {stale}"

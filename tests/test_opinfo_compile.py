@@ -48,18 +48,8 @@ KNOWN_GRAPH_FALLBACK = {
     "narrow": "a tensor `start` is read with .item(): Dynamo graph break (data-dependent operator)",
 }
 
-_OPS = None
-
-
-def _ops():
-    global _OPS
-    if _OPS is None:
-        _OPS = U.ops_by_key()
-    return _OPS
-
-
 def test_compile_ops_exist():
-    missing = [k for k in COMPILE_OPS if k not in _ops()]
+    missing = [k for k in COMPILE_OPS if k not in U.ops_by_key()]
     assert not missing, f"not in op_db: {missing}"
     stale = [k for k in list(XFAIL) + list(KNOWN_GRAPH_FALLBACK) if k not in COMPILE_OPS]
     assert not stale, f"xfail/fallback entries not in COMPILE_OPS: {stale}"
@@ -75,17 +65,10 @@ def _params():
 
 @pytest.mark.parametrize("key", _params())
 def test_opinfo_compiled(key):
-    op = _ops()[key]
+    op = U.ops_by_key()[key]
     if not U.supports_dtype(op, torch.float32):
         pytest.skip("float32 not supported on cpu")
-    results = U.run_op(op, torch.float32, limit=2, variants=("compiled",))
-    bad, fallbacks = [], set()
-    for r in results:
-        for x in r["records"]:
-            if x["status"] not in ("pass", "skip"):
-                bad.append(f"sample {r['sample']} ({r['desc'][:80]}): {x['status']}: {x['msg']}")
-            if x["status"] != "skip" and x["native"] is False:
-                fallbacks.update(x["fallbacks"])
+    bad, fallbacks = U.failures(U.run_op(op, torch.float32, limit=2, variants=("compiled",)))
     assert not bad, "\n".join(bad)
     if key in KNOWN_GRAPH_FALLBACK:
         assert fallbacks, f"{key} now compiles natively: remove it from KNOWN_GRAPH_FALLBACK"

@@ -1,6 +1,7 @@
 """Native lowerings of convolution, pooling, upsampling, padding and
 normalization ops: tpu vs CPU (forward and backward), with no CPU fallbacks;
 BatchNorm running stats updated in place; a small CNN trained end to end."""
+import functools
 import warnings
 
 import pytest
@@ -14,22 +15,10 @@ warnings.filterwarnings("ignore", message=".*native tpu lowering.*")
 DEV = "tpu"
 
 
-def check(fn, *inputs, atol=1e-4, rtol=1e-4):
-    """fn(*inputs) on CPU and tpu: outputs and input grads match, no fallbacks."""
-    torchtpu.reset_metrics()
-    ci = [i.detach().clone().requires_grad_(i.is_floating_point()) for i in inputs]
-    ti = [i.detach().to(DEV).requires_grad_(i.is_floating_point()) for i in inputs]
-    e, r = fn(*ci), fn(*ti)
-    es = e if isinstance(e, tuple) else (e,)
-    rs = r if isinstance(r, tuple) else (r,)
-    for a, b in zip(rs, es):
-        torch.testing.assert_close(a.cpu(), b, atol=atol, rtol=rtol)
-    go = torch.randn_like(es[0])
-    ge = torch.autograd.grad(es[0], ci, go)
-    gr = torch.autograd.grad(rs[0], ti, go.to(DEV))
-    for a, b in zip(gr, ge):
-        torch.testing.assert_close(a.cpu(), b, atol=atol, rtol=rtol)
-    assert not torchtpu.metrics()["cpu_fallbacks"], torchtpu.metrics()["cpu_fallbacks"]
+from optest import check as _check  # noqa: E402
+
+# fn(*inputs); float32 tolerance 1e-4 unless a test says otherwise; NaNs never match
+check = functools.partial(_check, pass_dev=False, atol=1e-4, rtol=1e-4, equal_nan=False)
 
 
 torch.manual_seed(0)

@@ -1,44 +1,21 @@
 """Sort/select, data-dependent shapes (nonzero, masked_select, unique, boolean
 indexing), indexing extras, embedding_bag, shape extras and creation ops:
 tpu vs CPU (values, indices and gradients), with no CPU fallbacks."""
+import functools
 import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import torchtpu
-
 warnings.filterwarnings("ignore", message=".*native tpu lowering.*")
 DEV = "tpu"
 
 
-def _dev(v, d):
-    return v.to(d) if isinstance(v, torch.Tensor) else v
+from optest import check as _check  # noqa: E402
 
-
-def check(fn, *inputs, grad=(), eq_nan=True):
-    """fn(*inputs) on CPU and tpu: outputs equal, grads of inputs `grad` equal,
-    and nothing ran through the CPU fallback."""
-    torchtpu.reset_metrics()
-    ci = [_dev(t, "cpu").clone().requires_grad_(i in grad) if isinstance(t, torch.Tensor) else t
-          for i, t in enumerate(inputs)]
-    ti = [_dev(t, DEV).requires_grad_(i in grad) if isinstance(t, torch.Tensor) else t
-          for i, t in enumerate(inputs)]
-    e, r = fn(*ci), fn(*ti)
-    es = e if isinstance(e, (tuple, list)) else (e,)
-    rs = r if isinstance(r, (tuple, list)) else (r,)
-    assert len(es) == len(rs)
-    for a, b in zip(rs, es):
-        assert a.device.type == DEV
-        torch.testing.assert_close(a.cpu(), b, equal_nan=eq_nan)
-    if grad:
-        go = torch.randn_like(es[0])
-        ge = torch.autograd.grad(es[0], [ci[i] for i in grad], go)
-        gr = torch.autograd.grad(rs[0], [ti[i] for i in grad], go.to(DEV))
-        for a, b in zip(gr, ge):
-            torch.testing.assert_close(a.cpu(), b)
-    assert not torchtpu.metrics()["cpu_fallbacks"], torchtpu.metrics()["cpu_fallbacks"]
+# fn(*inputs); grad=(positions of the inputs to differentiate), none by default
+check = functools.partial(_check, pass_dev=False, grad=())
 
 
 torch.manual_seed(0)
@@ -221,10 +198,7 @@ def test_shape_extras():
 
 
 def test_creation():
-    def fc(f):
-        torchtpu.reset_metrics()
-        torch.testing.assert_close(f(DEV).cpu(), f("cpu"))
-        assert not torchtpu.metrics()["cpu_fallbacks"], torchtpu.metrics()["cpu_fallbacks"]
+    fc = functools.partial(_check, equal_nan=False)  # fc(lambda dev: ...): no inputs
     fc(lambda d: torch.linspace(-1, 3, 7, device=d))
     fc(lambda d: torch.linspace(2, 3, 1, device=d))
     fc(lambda d: torch.linspace(0, 10, 4, device=d, dtype=torch.int64))
