@@ -123,7 +123,12 @@ std::string IntList(const Dims& v) {
   return s + "]";
 }
 
-Builder::Builder() = default;
+// The body of the last program finished on this thread: a new builder
+// reserves that much, so recording a region of the same size (the next step
+// of a loop) never regrows and recopies its text.
+static thread_local size_t t_body_hint = 0;
+
+Builder::Builder() { body_.reserve(std::min<size_t>(t_body_hint, size_t(64) << 20)); }
 
 Value Builder::Arg(const Type& t) {
   Value v;
@@ -249,7 +254,10 @@ int Builder::Emit(std::string_view prefix, std::string_view name, const Value* o
 }
 
 std::string Builder::Finish(const std::vector<Value>& results, const std::string& name) const {
-  std::string s = "module @" + name +
+  t_body_hint = body_.size() + body_.size() / 8;
+  std::string s;
+  s.reserve(body_.size() + 128 * (arg_types_.size() + 2 * results.size()) + 512);
+  s += "module @" + name +
                   " attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"
                   "  func.func public @main(";
   for (size_t i = 0; i < arg_types_.size(); ++i) {
