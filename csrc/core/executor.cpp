@@ -246,13 +246,38 @@ static int64_t Extent(const at::Tensor& t) {
   return e;
 }
 
+static bool SameValue(const Value& a, const Value& b) {
+  return a.id == b.id && a.idx == b.idx && a.arg == b.arg && a.type == b.type;
+}
+
+bool Region::CachedRead(const Slot& s, ET et, const hlo::ViewSpec& spec, Value* out) const {
+  if (!s.read_valid || s.read_et != et || !SameValue(s.read_src, s.v) || s.read_spec.offset != spec.offset ||
+      s.read_spec.sizes != spec.sizes || s.read_spec.strides != spec.strides)
+    return false;
+  *out = s.read_view;
+  return true;
+}
+
+void Region::RememberRead(Slot& s, ET et, const hlo::ViewSpec& spec, const Value& view) {
+  s.read_src = s.v;
+  s.read_et = et;
+  s.read_spec = spec;
+  s.read_view = view;
+  s.read_valid = true;
+}
+
 Value Region::Read(const at::Tensor& t) {
   TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "torchtpu: expected a tpu tensor");
   ET et = ToET(t.scalar_type());
   StatePtr st = GetState(t.storage().unsafeGetStorageImpl());
   int si = SlotFor(st, et);
+  hlo::ViewSpec spec = SpecOf(t);
+  Value out;
+  if (CachedRead(slots_[si], et, spec, &out)) return out;
   Value flat = FlatAs(*b_, slots_[si].v, et, Extent(t));
-  return hlo::ReadView(*b_, flat, SpecOf(t));
+  out = hlo::ReadView(*b_, flat, spec);
+  RememberRead(slots_[si], et, spec, out);
+  return out;
 }
 
 void Region::Write(const at::Tensor& t, Value v) {
@@ -274,6 +299,7 @@ void Region::Write(const at::Tensor& t, Value v) {
     int si = SlotFor(st, et);
     slots_[si].v = b_->Reshape(v, {total});
     slots_[si].written = true;
+    RememberRead(slots_[si], et, spec, v);
     return;
   }
   int si = SlotFor(st, et);

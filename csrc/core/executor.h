@@ -113,7 +113,17 @@ class Region {
     hlo::Value v;
     bool written = false;
     int arg = -1;  // argument index holding its initial buffer
+    // The last view read of (or written whole to) `v`: reading the same view
+    // of the same value again reuses it instead of emitting the reshape or
+    // slice a second time (a weight read in forward and backward).
+    hlo::Value read_src, read_view;
+    hlo::ET read_et = hlo::ET::F32;
+    hlo::ViewSpec read_spec;
+    bool read_valid = false;
   };
+  // `t`'s view of slot `si` when the slot's read cache holds it.
+  bool CachedRead(const Slot& s, hlo::ET et, const hlo::ViewSpec& spec, hlo::Value* out) const;
+  static void RememberRead(Slot& s, hlo::ET et, const hlo::ViewSpec& spec, const hlo::Value& view);
   int SlotFor(const StatePtr& st, hlo::ET want);
   void Reset();
 
