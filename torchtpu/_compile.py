@@ -388,9 +388,8 @@ class _RegisterWhenDynamoLoads(importlib.abc.MetaPathFinder):
             return spec
         exec_module = spec.loader.exec_module
 
-        def exec_then_register(module):
+        def exec_then_register(module):  # the import system has put module in sys.modules
             exec_module(module)
-            sys.modules[fullname] = module
             _register_now()
 
         spec.loader.exec_module = exec_then_register

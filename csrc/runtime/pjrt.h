@@ -140,11 +140,10 @@ class Client {
   std::vector<PJRT_Device*> devices_;
 };
 
-// Serialized xla.CompileOptionsProto with num_replicas = num_partitions = 1,
-// hand-encoded (protobuf wire format).
-// Compile options for `platform` (PJRT_Client_PlatformName: "cpu", "cuda", "tpu"),
-// with the overrides of TORCHTPU_XLA_OPTIONS.
-// `has_dots`: the program holds dot_general or convolution ops.
+// Serialized xla.CompileOptionsProto (num_replicas = num_partitions = 1,
+// hand-encoded protobuf wire format) for `platform` (PJRT_Client_PlatformName:
+// "cpu", "cuda", "tpu") with the overrides of TORCHTPU_XLA_OPTIONS; `has_dots`:
+// the program holds dot_general or convolution ops.
 std::string DefaultCompileOptions(const std::string& platform = "", bool has_dots = true);
 
 size_t ElementSize(PJRT_Buffer_Type t);
