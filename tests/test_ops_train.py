@@ -254,6 +254,110 @@ def test_foreach_misc():
     assert new_fallbacks(f0) == {}
 
 
+# fused=True optimizers: one native op for the whole step (no CPU fallback)
+FUSED = {
+    "adamw": lambda p: torch.optim.AdamW(p, lr=0.01, fused=True),
+    "adamw_amsgrad_wd": lambda p: torch.optim.AdamW(p, lr=0.01, amsgrad=True, weight_decay=0.05, fused=True),
+    "adam_wd_maximize": lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.1, maximize=True, fused=True),
+    "adam_tensor_lr": lambda p: torch.optim.Adam(p, lr=torch.tensor(0.01), fused=True),
+    "sgd_nesterov": lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9, nesterov=True, weight_decay=0.01,
+                                              fused=True),
+    "sgd_plain": lambda p: torch.optim.SGD(p, lr=0.01, fused=True),
+    "sgd_dampening": lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.5, dampening=0.1, fused=True),
+    "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.1, lr_decay=0.01, weight_decay=0.01, fused=True),
+}
+
+
+@pytest.mark.parametrize("name", list(FUSED))
+def test_fused_optimizer_matches_cpu(name):
+    base = make_model()
+    x = torch.randn(16, 6)
+    f0 = fallbacks()
+    res, native = [], torchtpu.metrics()["native_ops"]
+    n0 = sum(v for k, v in native.items() if k.startswith("aten::_fused_"))
+    for dev in ("cpu", D):
+        m = copy.deepcopy(base).to(dev)
+        o = FUSED[name](m.parameters())
+        for _ in range(4):
+            o.zero_grad()
+            (m(x.to(dev)) ** 2).sum().backward()
+            o.step()
+        res.append([p.detach().cpu() for p in m.parameters()] +
+                   [v.cpu() for st in o.state.values() for v in st.values() if torch.is_tensor(v)])
+    assert new_fallbacks(f0) == {}
+    n1 = sum(v for k, v in torchtpu.metrics()["native_ops"].items() if k.startswith("aten::_fused_"))
+    assert n1 - n0 == 4
+    assert len(res[0]) == len(res[1])
+    for a, b in zip(*res):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["adam", "adamw", "sgd", "adagrad"])
+def test_fused_op_grad_scale_found_inf(op):
+    # grad_scale unscales the grads in place (as CPU does); found_inf == 1 skips the step
+    torch.manual_seed(1)
+    shapes = [(3, 4), (5,)]
+    for found_v in (0.0, 1.0):
+        outs = []
+        for dev in ("cpu", D):
+            torch.manual_seed(2)
+            ps, gs, st, st2 = ([torch.randn(s).to(dev) if i < 2 else torch.rand(s).to(dev) for s in shapes]
+                               for i in range(4))
+            steps = [torch.tensor(3.0, device=dev) for _ in shapes]
+            scale = torch.tensor(4.0, device=dev)
+            found = torch.tensor(found_v, device=dev)
+            kw = dict(grad_scale=scale, found_inf=found)
+            if op in ("adam", "adamw"):
+                fn = torch._fused_adam_ if op == "adam" else torch._fused_adamw_
+                fn(ps, gs, st, st2, [], steps, lr=0.01, beta1=0.9, beta2=0.99, weight_decay=0.1, eps=1e-8,
+                   amsgrad=False, maximize=False, **kw)
+            elif op == "sgd":
+                torch._fused_sgd_(ps, gs, st, weight_decay=0.01, momentum=0.9, lr=0.1, dampening=0.0,
+                                  nesterov=False, maximize=False, is_first_step=False, **kw)
+            else:
+                torch._fused_adagrad_(ps, gs, st, steps, lr=0.1, lr_decay=0.0, weight_decay=0.0, eps=1e-10,
+                                      maximize=True, **kw)
+            outs.append([t.cpu() for t in ps + gs + st + st2])
+        for a, b in zip(*outs):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_optimizer_lr_change_and_bad_lists():
+    m = make_model().to(D)
+    o = torch.optim.AdamW(m.parameters(), lr=0.1, fused=True)
+    x = torch.randn(16, 6, device=D)
+    grown = []
+    for i in range(4):
+        o.param_groups[0]["lr"] = 0.1 / (i + 1)
+        o.zero_grad()
+        m(x).sum().backward()
+        c0 = torchtpu.metrics()["compiles"]
+        o.step()
+        grown.append(torchtpu.metrics()["compiles"] - c0)
+    assert grown[2:] == [0, 0], grown
+    ps = [torch.zeros(3, device=D), torch.zeros(2, device=D)]
+    with pytest.raises(RuntimeError, match="grads"):
+        torch._fused_adam_(ps, ps[:1], [p.clone() for p in ps], [p.clone() for p in ps], [],
+                           [torch.tensor(1.0, device=D)] * 2, lr=torch.tensor(0.1), beta1=0.9, beta2=0.99,
+                           weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+
+
+def test_fused_optimizer_bf16():
+    base = make_model().to(torch.bfloat16)
+    x = torch.randn(16, 6, dtype=torch.bfloat16)
+    res = []
+    for dev in ("cpu", D):
+        m = copy.deepcopy(base).to(dev)
+        o = torch.optim.AdamW(m.parameters(), lr=0.01, fused=True)
+        for _ in range(3):
+            o.zero_grad()
+            m(x.to(dev)).float().pow(2).sum().backward()
+            o.step()
+        res.append([p.detach().float().cpu() for p in m.parameters()])
+    for a, b in zip(*res):
+        torch.testing.assert_close(b, a, rtol=2e-2, atol=2e-2)
+
+
 # ---------------------------------------------------------------- GradScaler
 def test_amp_scaler_ops():
     g = [torch.tensor([1.0, 2.0]), torch.tensor([[4.0]])]
@@ -277,14 +381,17 @@ def test_amp_scaler_ops():
         assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1]), (found_v, steps, res)
 
 
-def test_grad_scaler_training_matches_cpu():
+# a fused optimizer gets grad_scale / found_inf from the scaler in its step
+@pytest.mark.parametrize("fused", [False, True])
+def test_grad_scaler_training_matches_cpu(fused):
     base = make_model()
     x = torch.randn(16, 6)
     out = []
     f0 = fallbacks()
     for dev in ("cpu", D):
         m = copy.deepcopy(base).to(dev)
-        o = torch.optim.SGD(m.parameters(), lr=0.01)
+        o = (torch.optim.Adam(m.parameters(), lr=0.01, fused=True) if fused
+             else torch.optim.SGD(m.parameters(), lr=0.01))
         sc = torch.amp.GradScaler(dev, init_scale=256.0, growth_interval=2)
         for i in range(4):
             o.zero_grad()

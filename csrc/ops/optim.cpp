@@ -326,5 +326,198 @@ std::vector<Value> AmpUpdateScale(LowerCtx& c) {
 }
 TT_LOWERINGS(({"aten::_amp_update_scale_"}), AmpUpdateScale);
 
+// ---- fused optimizers: _fused_{adam,adamw,sgd,adagrad}_ (torch.optim's
+// fused=True): the whole step over every parameter as one program. The
+// schema's floats (lr, betas, ...) are program arguments, so a scheduler
+// changing lr does not recompile. In-place forms write self and the state
+// lists (and the grads, unscaled, when grad_scale is given); the functional
+// forms (torch.compile graphs) return every list.
+struct FusedCtx {
+  LowerCtx& c;
+  bool functional;  // aten::_fused_adam (graphs): every output is returned
+  // Validates the lists (there is no meta function for every overload):
+  // `shaped` lists hold one tensor of the parameter's shape per parameter,
+  // `opt_shaped` ones may also be empty (max_exp_avg_sqs without amsgrad),
+  // `steps` holds one one-element tensor per parameter.
+  FusedCtx(LowerCtx& ctx, std::initializer_list<size_t> shaped, std::initializer_list<size_t> opt_shaped,
+           int steps)
+      : c(ctx) {
+    std::string base = c.op.substr(0, c.op.find('.'));
+    functional = base.back() != '_';
+    std::vector<Value> ps = c.tl(0);
+    auto check = [&](size_t i, bool may_be_empty, bool shape) {
+      const std::vector<Value>& l = c.arg(i).vs;
+      if (l.size() != ps.size() && !(may_be_empty && l.empty()))
+        c.fail("argument '" + c.names.at(i) + "' has " + std::to_string(l.size()) + " tensors, expected " +
+               std::to_string(ps.size()) + " (one per parameter)");
+      for (size_t k = 0; k < l.size(); ++k) {
+        bool ok = shape ? l[k].dims() == ps[k].dims() : l[k].type.numel() == 1;
+        if (!ok)
+          c.fail("argument '" + c.names.at(i) + "' tensor " + std::to_string(k) + " has shape " +
+                 l[k].type.str() + ", expected " + (shape ? ps[k].type.str() : std::string("one element")));
+      }
+    };
+    for (size_t i : shaped) check(i, false, true);
+    for (size_t i : opt_shaped) check(i, true, true);
+    if (steps >= 0) check((size_t)steps, false, false);
+  }
+  // Float argument `i` (a schema float, or a Tensor lr) as a 0-d value of ct.
+  Value num(size_t i, ET ct) const {
+    const Arg& a = c.arg(i);
+    if (a.kind == Arg::Tensor || a.kind == Arg::Scalar) return Cast(c.b, c.b.Reshape(a.v, {}), ct);
+    return c.scalar_arg(c.f64(i), ct);
+  }
+  // Optional tensor argument (grad_scale, found_inf) as a 0-d ct value.
+  std::optional<Value> opt(size_t i, ET ct) const {
+    if (!c.has(i)) return std::nullopt;
+    return Cast(c.b, c.b.Reshape(c.arg(i).v, {}), ct);
+  }
+  // An unchanged list element: the input itself in a functional graph,
+  // nothing to write in eager.
+  Value same(const Value& v) const { return functional ? v : Value(); }
+  // Parameter k in its compute type, with its grad unscaled (grad_scale at
+  // argument `scale_i`, found_inf after it), negated for maximize and, for
+  // wd != 0, with L2 weight decay added (every family but AdamW).
+  struct Param {
+    ET ct;
+    Dims dims;
+    Value p, g, unscaled;  // unscaled: what the grads list gets back
+    std::optional<Value> scale, found;
+  };
+  Param param(const Value& p, const Value& g, size_t scale_i, bool maximize, double l2) const {
+    Param r;
+    r.ct = ComputeType(p.et());
+    r.dims = p.dims();
+    r.scale = opt(scale_i, r.ct);
+    r.found = opt(scale_i + 1, r.ct);
+    r.p = Cast(c.b, p, r.ct);
+    r.g = Cast(c.b, g, r.ct);
+    if (r.scale) r.g = c.b.Div(r.g, c.b.BroadcastTo(*r.scale, r.dims));
+    r.unscaled = r.g;
+    if (maximize) r.g = c.b.Unary("negate", r.g);
+    if (l2 != 0) r.g = c.b.Add(r.g, c.b.Mul(c.b.BroadcastTo(c.scalar_arg(l2, r.ct), r.dims), r.p));
+    return r;
+  }
+  // found_inf == 1 skips the step: every output keeps its input value.
+  Value skip(const Param& q, Value updated, const Value& old) const {
+    if (!q.found) return updated;
+    Value f = c.b.BroadcastTo(c.b.Compare(*q.found, c.b.Splat(q.found->type, 1.0), "EQ"), old.dims());
+    return c.b.Select(f, Cast(c.b, old, updated.et()), updated);
+  }
+  // The grads list's output: unscaled when grad_scale is given.
+  Value grad_out(const Param& q, const Value& g) const { return q.scale ? skip(q, q.unscaled, g) : same(g); }
+};
+
+// Adam / AdamW. args: self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
+// state_steps, lr, beta1, beta2, weight_decay, eps, amsgrad, maximize,
+// grad_scale, found_inf. The steps were incremented by the optimizer.
+template <bool AdamW>
+std::vector<Value> FusedAdam(LowerCtx& c) {
+  FusedCtx f(c, {1, 2, 3}, {4}, 5);
+  Builder& b = c.b;
+  std::vector<Value> ps = c.tl(0), gs = c.tl(1), m1 = c.tl(2), m2 = c.tl(3), mx = c.tl(4), steps = c.tl(5);
+  bool amsgrad = c.flag(11), maximize = c.flag(12);
+  double beta1 = c.f64(7), beta2 = c.f64(8), wd = c.f64(9);
+  if (amsgrad && mx.size() != ps.size()) c.fail("amsgrad needs one max_exp_avg_sq per parameter");
+  std::vector<Value> np, ng, nm1, nm2, nmx;
+  for (size_t k = 0; k < ps.size(); ++k) {
+    FusedCtx::Param q = f.param(ps[k], gs[k], 13, maximize, AdamW ? 0.0 : wd);
+    ET ct = q.ct;
+    auto bc = [&](Value s) { return b.BroadcastTo(s, q.dims); };
+    Value lr = f.num(6, ct), eps = f.num(10, ct), p = q.p, g = q.g;
+    if (AdamW && wd != 0) p = b.Sub(p, b.Mul(bc(b.Mul(lr, c.scalar_arg(wd, ct))), p));
+    // 1 - beta is formed on the host in double: 1 - f32(0.999) is off by 1e-5.
+    Value omb1 = c.scalar_arg(1.0 - beta1, ct), omb2 = c.scalar_arg(1.0 - beta2, ct);
+    Value ea = Cast(b, m1[k], ct), es = Cast(b, m2[k], ct);
+    ea = b.Add(ea, b.Mul(bc(omb1), b.Sub(g, ea)));                                    // lerp(ea, g, 1 - beta1)
+    es = b.Add(b.Mul(es, bc(c.scalar_arg(beta2, ct))), b.Mul(bc(omb2), b.Mul(g, g)));  // beta2 es + (1-beta2) g^2
+    // bias corrections 1 - beta^step = -expm1(step * log1p(-(1 - beta)))
+    Value step = Cast(b, b.Reshape(steps[k], {}), ct);
+    auto corr = [&](Value omb) {
+      return b.Unary("negate", b.Unary("exponential_minus_one",
+                                       b.Mul(step, b.Unary("log_plus_one", b.Unary("negate", omb)))));
+    };
+    Value step_size = b.Div(lr, corr(omb1));
+    Value bc2_sqrt = b.Unary("sqrt", corr(omb2));
+    Value den_src = es, nmax;
+    if (amsgrad) den_src = nmax = b.Max(Cast(b, mx[k], ct), es);
+    Value denom = b.Add(b.Div(b.Unary("sqrt", den_src), bc(bc2_sqrt)), bc(eps));
+    p = b.Sub(p, b.Mul(bc(step_size), b.Div(ea, denom)));
+    np.push_back(f.skip(q, p, ps[k]));
+    ng.push_back(f.grad_out(q, gs[k]));
+    nm1.push_back(f.skip(q, ea, m1[k]));
+    nm2.push_back(f.skip(q, es, m2[k]));
+    if (k < mx.size()) nmx.push_back(amsgrad ? f.skip(q, nmax, mx[k]) : f.same(mx[k]));
+  }
+  std::vector<Value> out = np;
+  for (auto* l : {&ng, &nm1, &nm2, &nmx}) out.insert(out.end(), l->begin(), l->end());
+  return out;
+}
+TT_LOWERINGS(({"aten::_fused_adam_", "aten::_fused_adam_.tensor_lr", "aten::_fused_adam",
+               "aten::_fused_adam.tensor_lr"}), FusedAdam<false>);
+TT_LOWERINGS(({"aten::_fused_adamw_", "aten::_fused_adamw_.tensor_lr", "aten::_fused_adamw",
+               "aten::_fused_adamw.tensor_lr"}), FusedAdam<true>);
+
+// SGD. args: self, grads, momentum_buffer_list, weight_decay, momentum, lr,
+// dampening, nesterov, maximize, is_first_step, grad_scale, found_inf.
+std::vector<Value> FusedSgd(LowerCtx& c) {
+  FusedCtx f(c, {1}, {2}, -1);
+  Builder& b = c.b;
+  std::vector<Value> ps = c.tl(0), gs = c.tl(1), bufs = c.tl(2);
+  double momentum = c.f64(4);
+  bool nesterov = c.flag(7), first = c.flag(9);
+  if (momentum != 0 && bufs.size() != ps.size()) c.fail("momentum needs one momentum buffer per parameter");
+  std::vector<Value> np, ng, nb;
+  for (size_t k = 0; k < ps.size(); ++k) {
+    FusedCtx::Param q = f.param(ps[k], gs[k], 10, c.flag(8), c.f64(3));
+    auto bc = [&](Value s) { return b.BroadcastTo(s, q.dims); };
+    Value g = q.g, buf;
+    if (momentum != 0) {
+      Value mom = bc(c.scalar_arg(momentum, q.ct));
+      buf = first ? g
+                  : b.Add(b.Mul(mom, Cast(b, bufs[k], q.ct)), b.Mul(bc(c.scalar_arg(1.0 - c.f64(6), q.ct)), g));
+      g = nesterov ? b.Add(g, b.Mul(mom, buf)) : buf;
+    }
+    np.push_back(f.skip(q, b.Sub(q.p, b.Mul(bc(f.num(5, q.ct)), g)), ps[k]));
+    ng.push_back(f.grad_out(q, gs[k]));
+    if (k < bufs.size()) nb.push_back(momentum != 0 ? f.skip(q, buf, bufs[k]) : f.same(bufs[k]));
+  }
+  std::vector<Value> out = np;
+  for (auto* l : {&ng, &nb}) out.insert(out.end(), l->begin(), l->end());
+  return out;
+}
+TT_LOWERINGS(({"aten::_fused_sgd_", "aten::_fused_sgd_.tensor_lr", "aten::_fused_sgd",
+               "aten::_fused_sgd.tensor_lr"}), FusedSgd);
+
+// Adagrad. args: self, grads, state_sums, state_steps, lr, lr_decay,
+// weight_decay, eps, maximize, grad_scale, found_inf.
+std::vector<Value> FusedAdagrad(LowerCtx& c) {
+  FusedCtx f(c, {1, 2}, {}, 3);
+  Builder& b = c.b;
+  std::vector<Value> ps = c.tl(0), gs = c.tl(1), sums = c.tl(2), steps = c.tl(3);
+  // the float-lr schema marks state_steps written (it is not): an output
+  bool steps_out = f.functional || c.outs.size() == 4 * ps.size();
+  std::vector<Value> np, ng, ns, nst;
+  for (size_t k = 0; k < ps.size(); ++k) {
+    FusedCtx::Param q = f.param(ps[k], gs[k], 9, c.flag(8), c.f64(6));
+    auto bc = [&](Value s) { return b.BroadcastTo(s, q.dims); };
+    Value step = Cast(b, b.Reshape(steps[k], {}), q.ct);
+    Value one = b.Splat(Type(q.ct, {}), 1.0);
+    // clr = lr / (1 + (step - 1) * lr_decay); sum += g^2; p -= clr * g / (sqrt(sum) + eps)
+    Value clr = b.Div(f.num(4, q.ct), b.Add(one, b.Mul(b.Sub(step, one), c.scalar_arg(c.f64(5), q.ct))));
+    Value s = b.Add(Cast(b, sums[k], q.ct), b.Mul(q.g, q.g));
+    Value stdv = b.Add(b.Unary("sqrt", s), bc(c.scalar_arg(c.f64(7), q.ct)));
+    np.push_back(f.skip(q, b.Sub(q.p, b.Mul(bc(clr), b.Div(q.g, stdv))), ps[k]));
+    ng.push_back(f.grad_out(q, gs[k]));
+    ns.push_back(f.skip(q, s, sums[k]));
+    if (steps_out) nst.push_back(f.same(steps[k]));
+  }
+  std::vector<Value> out = np;
+  for (auto* l : {&ng, &ns, &nst}) out.insert(out.end(), l->begin(), l->end());
+  return out;
+}
+TT_LOWERINGS(({"aten::_fused_adagrad_", "aten::_fused_adagrad_.tensor_lr", "aten::_fused_adagrad",
+               "aten::_fused_adagrad.tensor_lr"}), FusedAdagrad);
+
 }  // namespace
 }  // namespace tt::ops

@@ -59,6 +59,13 @@ struct LowerCtx {
   std::vector<Type> outs;         // output types (logical shapes, from meta)
   // Random ops: a u64[2] key value; the executor provides it on request.
   std::function<Value()> rng_key;
+  // A host number as a 0-d program argument (never program text), so a
+  // changing value (a learning rate given as a schema `float`) does not
+  // recompile. Unset (a lowering outside a region): a constant.
+  std::function<Value(double, ET)> host_scalar;
+  Value scalar_arg(double d, ET et) const {
+    return host_scalar ? host_scalar(d, et) : b.Splat(Type(et, {}), d);
+  }
 
   const Arg& arg(size_t i) const {
     if (i >= args.size()) throw LowerError(op + ": missing argument " + std::to_string(i));
