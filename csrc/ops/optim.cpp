@@ -10,6 +10,24 @@
 namespace tt::ops {
 namespace {
 
+// Registers a _foreach_ family in its three forms for each overload:
+// aten::_foreach_<base>.<ov>, the in-place aten::_foreach_<base>_.<ov> and
+// aten::_foreach_<base>.<ov>_out (overload "": _foreach_<base>,
+// _foreach_<base>_ and _foreach_<base>.out).
+struct ForeachRegistrar {
+  ForeachRegistrar(const char* base, std::initializer_list<const char*> overloads, LowerFn fn) {
+    std::string b = std::string("aten::_foreach_") + base;
+    for (std::string ov : overloads) {
+      std::string dot = ov.empty() ? "" : "." + ov;
+      Register((b + dot).c_str(), fn, false);
+      Register((b + "_" + dot).c_str(), fn, false);
+      Register((b + (ov.empty() ? ".out" : dot + "_out")).c_str(), fn, false);
+    }
+  }
+};
+#define TT_FOREACH(base, overloads, fn) \
+  static ForeachRegistrar TT_CAT(tt_foreach_, __COUNTER__)(base, std::initializer_list<const char*> overloads, fn)
+
 // Operand `argi` for list element k, converted to ct and broadcast to dims.
 Value ListOperand(LowerCtx& c, size_t argi, size_t k, const Dims& dims, ET ct, double dflt) {
   if (!c.has(argi)) return c.b.Splat(Type(ct, dims), dflt);
@@ -79,14 +97,7 @@ std::vector<Value> ForeachBinary(LowerCtx& c) {
   return out;
 }
 
-#define FOREACH_BIN(base, op)                                                                   \
-  TT_LOWERINGS(({"aten::_foreach_" base ".Scalar", "aten::_foreach_" base "_.Scalar",           \
-                 "aten::_foreach_" base ".Scalar_out", "aten::_foreach_" base ".List",          \
-                 "aten::_foreach_" base "_.List", "aten::_foreach_" base ".List_out",           \
-                 "aten::_foreach_" base ".ScalarList", "aten::_foreach_" base "_.ScalarList",   \
-                 "aten::_foreach_" base ".ScalarList_out", "aten::_foreach_" base ".Tensor",    \
-                 "aten::_foreach_" base "_.Tensor", "aten::_foreach_" base ".Tensor_out"}),     \
-               ForeachBinary<op>)
+#define FOREACH_BIN(base, op) TT_FOREACH(base, ({"Scalar", "List", "ScalarList", "Tensor"}), ForeachBinary<op>)
 FOREACH_BIN("add", BinOp::Add);
 FOREACH_BIN("sub", BinOp::Sub);
 FOREACH_BIN("mul", BinOp::Mul);
@@ -150,9 +161,7 @@ std::vector<Value> ForeachUnary(LowerCtx& c) {
   }
   return out;
 }
-#define FOREACH_UN(base, fn)                                                                  \
-  TT_LOWERINGS(({"aten::_foreach_" base, "aten::_foreach_" base "_", "aten::_foreach_" base ".out"}), \
-               ForeachUnary<fn>)
+#define FOREACH_UN(base, fn) TT_FOREACH(base, ({""}), ForeachUnary<fn>)
 FOREACH_UN("sqrt", f_sqrt);
 FOREACH_UN("rsqrt", f_rsqrt);
 FOREACH_UN("abs", f_abs);
@@ -173,9 +182,8 @@ FOREACH_UN("round", f_round);
 FOREACH_UN("trunc", f_trunc);
 FOREACH_UN("frac", f_frac);
 FOREACH_UN("erf", f_erf);
+FOREACH_UN("zero", f_zero);
 #undef FOREACH_UN
-TT_LOWERINGS(({"aten::_foreach_zero_", "aten::_foreach_zero", "aten::_foreach_zero.out"}),
-             ForeachUnary<f_zero>);
 
 // ---- copy: self[k] = src[k]
 std::vector<Value> ForeachCopy(LowerCtx& c) {
@@ -183,7 +191,7 @@ std::vector<Value> ForeachCopy(LowerCtx& c) {
   for (size_t k = 0; k < src.size(); ++k) out.push_back(Bcast(c.b, src[k], c.out(k).dims, c.out(k).et));
   return out;
 }
-TT_LOWERINGS(({"aten::_foreach_copy_", "aten::_foreach_copy", "aten::_foreach_copy.out"}), ForeachCopy);
+TT_FOREACH("copy", ({""}), ForeachCopy);
 
 // ---- addcmul / addcdiv: self + value * (t1 op t2)
 template <bool Div>
@@ -201,16 +209,8 @@ std::vector<Value> ForeachAddc(LowerCtx& c) {
   }
   return out;
 }
-#define FOREACH_ADDC(base, fn)                                                                   \
-  TT_LOWERINGS(({"aten::_foreach_" base ".Scalar", "aten::_foreach_" base "_.Scalar",            \
-                 "aten::_foreach_" base ".Scalar_out", "aten::_foreach_" base ".ScalarList",     \
-                 "aten::_foreach_" base "_.ScalarList", "aten::_foreach_" base ".ScalarList_out", \
-                 "aten::_foreach_" base ".Tensor", "aten::_foreach_" base "_.Tensor",            \
-                 "aten::_foreach_" base ".Tensor_out"}),                                         \
-               fn)
-FOREACH_ADDC("addcmul", ForeachAddc<false>);
-FOREACH_ADDC("addcdiv", ForeachAddc<true>);
-#undef FOREACH_ADDC
+TT_FOREACH("addcmul", ({"Scalar", "ScalarList", "Tensor"}), ForeachAddc<false>);
+TT_FOREACH("addcdiv", ({"Scalar", "ScalarList", "Tensor"}), ForeachAddc<true>);
 
 // ---- lerp: self + w * (end - self)
 std::vector<Value> ForeachLerp(LowerCtx& c) {
@@ -224,11 +224,7 @@ std::vector<Value> ForeachLerp(LowerCtx& c) {
   }
   return out;
 }
-TT_LOWERINGS(({"aten::_foreach_lerp.List", "aten::_foreach_lerp_.List", "aten::_foreach_lerp.List_out",
-               "aten::_foreach_lerp.Scalar", "aten::_foreach_lerp_.Scalar",
-               "aten::_foreach_lerp.Scalar_out", "aten::_foreach_lerp.ScalarList",
-               "aten::_foreach_lerp_.ScalarList", "aten::_foreach_lerp.ScalarList_out"}),
-             ForeachLerp);
+TT_FOREACH("lerp", ({"List", "Scalar", "ScalarList"}), ForeachLerp);
 
 // ---- norms
 Value VectorNorm(Builder& b, Value x, double ord, const Dims& dims, bool keepdim) {

@@ -81,58 +81,43 @@ std::pair<Value, Value> ArgReduce(Builder& b, Value x, int64_t dim, bool is_max)
 ET AccType(ET out) { return ComputeType(out); }
 
 // ---- sum / mean / prod ----
-std::vector<Value> Sum(LowerCtx& c) {
+// One lowering for the plain reductions over `dim` (or all dims): the body
+// reduces x over dims, accumulating in acc (out: the output dtype).
+using ReduceBody = Value (*)(Builder& b, Value x, const Dims& dims, ET acc, ET out);
+template <ReduceBody F>
+std::vector<Value> Reduction(LowerCtx& c) {
   const Type& o = c.out();
   Value x = c.t(0);
   Dims dims = DimsOf(c, x.rank());
-  ET acc = AccType(o.et);
-  Value r;
-  if (o.et == ET::PRED) {
-    r = Cast(c.b, x, ET::PRED);
-    if (!dims.empty()) r = c.b.Reduce(r, c.b.ScalarConst(ET::PRED, 0), dims, "or");
-  } else {
-    r = SumDims(c.b, x, dims, false, acc);
-  }
-  return {c.b.Reshape(Cast(c.b, r, o.et), o.dims)};
+  return {c.b.Reshape(Cast(c.b, F(c.b, x, dims, AccType(o.et), o.et), o.et), o.dims)};
 }
-TT_LOWERINGS(({"aten::sum", "aten::sum.out", "aten::sum.dim_IntList", "aten::sum.IntList_out"}), Sum);
 
-std::vector<Value> Mean(LowerCtx& c) {
-  const Type& o = c.out();
-  Value x = c.t(0);
-  Dims dims = DimsOf(c, x.rank());
-  ET acc = AccType(o.et);
-  Value r = SumDims(c.b, x, dims, false, acc);
-  r = c.b.Div(r, c.b.Splat(r.type, (double)Count(x, dims)));
-  return {c.b.Reshape(Cast(c.b, r, o.et), o.dims)};
+Value SumBody(Builder& b, Value x, const Dims& dims, ET acc, ET out) {
+  if (out != ET::PRED) return SumDims(b, x, dims, false, acc);
+  Value r = Cast(b, x, ET::PRED);
+  return dims.empty() ? r : b.Reduce(r, b.ScalarConst(ET::PRED, 0), dims, "or");
 }
-TT_LOWERINGS(({"aten::mean", "aten::mean.dim", "aten::mean.out", "aten::mean.dtype_out"}), Mean);
-
-std::vector<Value> Prod(LowerCtx& c) {
-  const Type& o = c.out();
-  Value x = c.t(0);
-  Dims dims = DimsOf(c, x.rank());
-  ET acc = AccType(o.et);
-  Value r = Cast(c.b, x, acc);
-  if (acc == ET::PRED) {
-    if (!dims.empty()) r = c.b.Reduce(r, c.b.ScalarConst(ET::PRED, 1), dims, "and");
-  } else if (!dims.empty()) {
-    r = c.b.Reduce(r, c.b.ScalarConst(acc, 1), dims, "multiply");
-  }
-  return {c.b.Reshape(Cast(c.b, r, o.et), o.dims)};
+Value MeanBody(Builder& b, Value x, const Dims& dims, ET acc, ET) {
+  Value r = SumDims(b, x, dims, false, acc);
+  return b.Div(r, b.Splat(r.type, (double)Count(x, dims)));
 }
-TT_LOWERINGS(({"aten::prod", "aten::prod.out", "aten::prod.dim_int", "aten::prod.int_out"}), Prod);
-
-// ---- amax / amin / max / min ----
+Value ProdBody(Builder& b, Value x, const Dims& dims, ET acc, ET) {
+  Value r = Cast(b, x, acc);
+  if (dims.empty()) return r;
+  return acc == ET::PRED ? b.Reduce(r, b.ScalarConst(ET::PRED, 1), dims, "and")
+                         : b.Reduce(r, b.ScalarConst(acc, 1), dims, "multiply");
+}
 template <bool IsMax>
-std::vector<Value> AMinMax(LowerCtx& c) {
-  const Type& o = c.out();
-  Value x = c.t(0);
-  Dims dims = DimsOf(c, x.rank());
-  return {c.b.Reshape(ReduceMinMax(c.b, x, dims, IsMax), o.dims)};
+Value MinMaxBody(Builder& b, Value x, const Dims& dims, ET, ET) {
+  return ReduceMinMax(b, x, dims, IsMax);
 }
-TT_LOWERINGS(({"aten::amax", "aten::amax.out", "aten::max", "aten::max.unary_out"}), AMinMax<true>);
-TT_LOWERINGS(({"aten::amin", "aten::amin.out", "aten::min", "aten::min.unary_out"}), AMinMax<false>);
+TT_LOWERINGS(({"aten::sum", "aten::sum.out", "aten::sum.dim_IntList", "aten::sum.IntList_out"}),
+             Reduction<SumBody>);
+TT_LOWERINGS(({"aten::mean", "aten::mean.dim", "aten::mean.out", "aten::mean.dtype_out"}), Reduction<MeanBody>);
+TT_LOWERINGS(({"aten::prod", "aten::prod.out", "aten::prod.dim_int", "aten::prod.int_out"}), Reduction<ProdBody>);
+// ---- amax / amin / max / min ----
+TT_LOWERINGS(({"aten::amax", "aten::amax.out", "aten::max", "aten::max.unary_out"}), Reduction<MinMaxBody<true>>);
+TT_LOWERINGS(({"aten::amin", "aten::amin.out", "aten::min", "aten::min.unary_out"}), Reduction<MinMaxBody<false>>);
 
 template <bool IsMax>
 std::vector<Value> MinMaxDim(LowerCtx& c) {
