@@ -1,6 +1,9 @@
 """Eager modes compared in one process: strict vs defer_and_fuse (and debug).
 
-    python benchmarks/bench_modes.py [--steps 20] [--repeat 3] [--json out.json]
+    python benchmarks/bench_modes.py [--steps 30] [--repeat 3] [--json out.json]
+
+The modes take turns step by step (and run by run for the chain and the
+pipelined loops), so this machine's drifting speed hits every mode alike.
 
 Reports:
   * GPT demo training step (forward, backward, AdamW) at batch 16 (bound by
@@ -36,100 +39,116 @@ import torchtpu  # noqa: E402
 from torchtpu.examples.gpt import GPTConfig, batches, make_model, make_train_step, synthetic_corpus
 
 
-def gpt_train(mode: str, steps: int, batch: int = 16) -> dict:
-    cfg = GPTConfig()
-    corpus = synthetic_corpus(20000, cfg.vocab_size)
-    with torchtpu.mode(mode):
-        torch.tpu.synchronize()
-        model = make_model(cfg).to("tpu")
-        step = make_train_step(model, torch.optim.AdamW(model.parameters(), lr=3e-3))
-        data = [(x.to("tpu"), y.to("tpu")) for x, y in batches(corpus, batch, cfg.block_size, steps)]
-        torch.tpu.synchronize()
-        times, host, programs, compiles, compile_s = [], [], [], [], []
-        for x, y in data:
+class GptRun:
+    """One mode's GPT training run. Runs of several modes advance step by step
+    in turn (interleaved), so this machine's drifting speed hits every mode
+    alike; each step's wall time includes loss.item()."""
+
+    def __init__(self, mode: str, steps: int, batch: int):
+        cfg = GPTConfig()
+        corpus = synthetic_corpus(20000, cfg.vocab_size)
+        self.mode = mode
+        with torchtpu.mode(mode):
+            torch.tpu.synchronize()
+            torch.manual_seed(0)
+            model = make_model(cfg).to("tpu")
+            self.step_fn = make_train_step(model, torch.optim.AdamW(model.parameters(), lr=3e-3))
+            self.data = [(x.to("tpu"), y.to("tpu")) for x, y in batches(corpus, batch, cfg.block_size, steps)]
+            torch.tpu.synchronize()
+        self.times, self.host, self.programs, self.compiles, self.compile_s = [], [], [], [], []
+        self.pipelined, self.pipelined_compiles = [], 0
+
+    def step(self, i: int) -> None:
+        x, y = self.data[i]
+        with torchtpu.mode(self.mode):
             m0 = torchtpu.metrics()
             t0 = time.perf_counter()
-            loss = step(x, y)
+            loss = self.step_fn(x, y)
             t1 = time.perf_counter()
-            loss.item()
-            times.append(time.perf_counter() - t0)
-            host.append(t1 - t0)
+            self.loss = loss.item()
+            self.times.append(time.perf_counter() - t0)
+            self.host.append(t1 - t0)
             m1 = torchtpu.metrics()
-            programs.append(m1["executions"] - m0["executions"])
-            compiles.append(m1["compiles"] - m0["compiles"])
-            compile_s.append(m1["compile_seconds"] - m0["compile_seconds"])
-        # the same steps again, pipelined: losses kept and read once at the end
-        # (a loop that logs every N steps); the host records step i+1 while
-        # the device runs step i
-        m0 = torchtpu.metrics()
-        t0 = time.perf_counter()
-        losses = [step(x, y) for x, y in data]
-        losses[-1].item()
-        pipelined = (time.perf_counter() - t0) / len(data)
-        pipelined_compiles = torchtpu.metrics()["compiles"] - m0["compiles"]
-    k = 3 if len(times) > 6 else 1
-    return {"first_step_ms": times[0] * 1000, "first_step_compile_s": compile_s[0],
-            "pipelined_ms": pipelined * 1000, "pipelined_compiles": pipelined_compiles,
-            "first_two_steps_compile_s": compile_s[0] + compile_s[1],
-            "step_ms": statistics.median(times[k:]) * 1000,
-            # host time until the step's last op is recorded/dispatched (before loss.item())
-            "host_ms": statistics.median(host[k:]) * 1000,
-            "programs_per_step": programs[-1], "compiles_after_warmup": sum(compiles[3:]),
-            "loss": loss.item()}
+        self.programs.append(m1["executions"] - m0["executions"])
+        self.compiles.append(m1["compiles"] - m0["compiles"])
+        self.compile_s.append(m1["compile_seconds"] - m0["compile_seconds"])
 
-
-def elementwise_chain(mode: str, reps: int = 9) -> dict:
-    base = torch.randn(1 << 20)
-    with torchtpu.mode(mode):
-        x0 = base.to("tpu")
-        torch.tpu.synchronize()
-
-        def run():
-            x = x0
-            for _ in range(50):
-                x = x + 1
-                x = x * 2
-                x = x - 1
-            return x.cpu()
-
-        run()  # compile
-        times = []
-        for _ in range(reps):
+    def run_pipelined(self) -> None:
+        # the same steps again, losses kept and read once at the end (a loop
+        # that logs every N steps): the host records step i+1 while the device
+        # runs step i
+        with torchtpu.mode(self.mode):
+            m0 = torchtpu.metrics()
             t0 = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - t0)
-    return {"ms": statistics.median(times) * 1000}
+            losses = [self.step_fn(x, y) for x, y in self.data]
+            losses[-1].item()
+            self.pipelined.append((time.perf_counter() - t0) / len(self.data))
+            self.pipelined_compiles += torchtpu.metrics()["compiles"] - m0["compiles"]
+
+    def result(self) -> dict:
+        k = 3 if len(self.times) > 6 else 1
+        return {"first_step_ms": self.times[0] * 1000, "first_step_compile_s": self.compile_s[0],
+                "first_two_steps_compile_s": self.compile_s[0] + self.compile_s[1],
+                "step_ms": statistics.median(self.times[k:]) * 1000,
+                # host time until the step's last op is recorded/dispatched (before loss.item())
+                "host_ms": statistics.median(self.host[k:]) * 1000,
+                "pipelined_ms": statistics.median(self.pipelined) * 1000,
+                "pipelined_compiles": self.pipelined_compiles,
+                "programs_per_step": self.programs[-1], "compiles_after_warmup": sum(self.compiles[3:]),
+                "loss": self.loss}
+
+
+def elementwise_chain(modes, reps: int) -> dict:
+    """ms per run of the chain in each mode; the modes take turns run by run."""
+    base = torch.randn(1 << 20)
+    x0 = base.to("tpu")
+    torch.tpu.synchronize()
+
+    def run():
+        x = x0
+        for _ in range(50):
+            x = x + 1
+            x = x * 2
+            x = x - 1
+        return x.cpu()
+
+    times = {m: [] for m in modes}
+    for m in modes:
+        with torchtpu.mode(m):
+            run()  # compile
+    for _ in range(reps):
+        for m in modes:
+            with torchtpu.mode(m):
+                t0 = time.perf_counter()
+                run()
+                times[m].append(time.perf_counter() - t0)
+    return {m: {"ms": statistics.median(t) * 1000} for m, t in times.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--repeat", type=int, default=3, help="alternating runs per mode (medians reported)")
+    ap.add_argument("--repeat", type=int, default=3, help="alternating pipelined runs and chain runs per mode (medians reported)")
     ap.add_argument("--batches", default="16,2",
                     help="GPT batch sizes; 16 is bound by XLA:CPU compute, 2 by host dispatch (as on an accelerator)")
     args = ap.parse_args()
     torch.manual_seed(0)
-    res = {"chain": {}}
+    res = {}
     for b in (int(v) for v in args.batches.split(",")):
         r = res[f"gpt_batch_{b}"] = {}
-        # the modes alternate, --repeat times: this machine's noise hits both alike
-        runs = {"strict": [], "defer_and_fuse": []}
+        runs = [GptRun(mode, args.steps, b) for mode in ("strict", "defer_and_fuse")]
+        for i in range(args.steps):
+            for run in runs:
+                run.step(i)
         for _ in range(args.repeat):
-            for mode in runs:
-                runs[mode].append(gpt_train(mode, args.steps, b))
-        for mode, rs in runs.items():
-            r[mode] = dict(rs[0])  # first-step figures: the cold run
-            for key in ("step_ms", "host_ms", "pipelined_ms"):
-                r[mode][key] = statistics.median(x[key] for x in rs)
+            for run in runs:
+                run.run_pipelined()
+        for run in runs:
+            r[run.mode] = run.result()
         r["speedup_defer_vs_strict"] = r["strict"]["step_ms"] / r["defer_and_fuse"]["step_ms"]
         r["speedup_defer_vs_strict_pipelined"] = r["strict"]["pipelined_ms"] / r["defer_and_fuse"]["pipelined_ms"]
-    chain = {"strict": [], "defer_and_fuse": []}
-    for _ in range(args.repeat):
-        for mode in chain:
-            chain[mode].append(elementwise_chain(mode)["ms"])
-    for mode, ms in chain.items():
-        res["chain"][mode] = {"ms": statistics.median(ms)}
+    res["chain"] = elementwise_chain(("strict", "defer_and_fuse"), 9 * args.repeat)
     res["chain"]["speedup_defer_vs_strict"] = res["chain"]["strict"]["ms"] / res["chain"]["defer_and_fuse"]["ms"]
     print(json.dumps(res, indent=2))
     if args.json:
