@@ -288,8 +288,13 @@ std::string Builder::Finish(const std::vector<Value>& results, const std::string
 static std::string FloatLiteral(ET et, double v) {
   char buf[64];
   if (std::isfinite(v)) {
-    std::snprintf(buf, sizeof buf, "%.17e", v);
-    return buf;
+    // Shortest round-trip form (std::to_chars is several times faster than
+    // printf("%.17e"), which ran for every constant a lowering emits); MLIR
+    // wants a '.' in a float literal: "1e+00" becomes "1.0e+00".
+    auto r = std::to_chars(buf, buf + sizeof buf - 4, v, std::chars_format::scientific);
+    std::string out(buf, r.ptr);
+    if (out.find('.') == std::string::npos) out.insert(out.find('e'), ".0");
+    return out;
   }
   bool neg = std::signbit(v);
   uint64_t bits = 0;
