@@ -325,3 +325,26 @@ def test_import_does_not_load_dynamo_and_backend_registers_on_demand(pyrun):
     for c in (code, code_dynamo_first):
         r = pyrun(c, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_fused_optimizer_op_in_a_graph_matches_cpu():
+    # functionalized _fused_adamw_ returns a tuple of Tensor[]: one graph program
+    def step(ps, gs, m1, m2, mx, steps):
+        torch._fused_adamw_(ps, gs, m1, m2, mx, steps, lr=0.01, beta1=0.9, beta2=0.99, weight_decay=0.1,
+                            eps=1e-8, amsgrad=True, maximize=False)
+        return ps[0] * 1
+
+    torch.manual_seed(0)
+    shapes = [(3, 4), (5,)]
+    state = [[torch.randn(s) for s in shapes] for _ in range(2)] + [[torch.rand(s) for s in shapes]
+                                                                   for _ in range(3)]
+    state.append([torch.tensor(2.0) for _ in shapes])
+    res = []
+    g0 = torchtpu.metrics()["compile"]["graphs_compiled"]
+    for dev, fn in (("cpu", step), ("tpu", torch.compile(step, backend="tpu", fullgraph=True))):
+        lists = [[t.clone().to(dev) for t in l] for l in state]
+        fn(*lists)
+        res.append([t.cpu() for l in lists[:5] for t in l])
+    assert torchtpu.metrics()["compile"]["graphs_compiled"] == g0 + 1
+    for a, b in zip(*res):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)

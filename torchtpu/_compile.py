@@ -240,14 +240,22 @@ class _Lowerer:
                 vals = list(val) if isinstance(val, (tuple, list)) else [val]
                 # Lowerings return values for the defined outputs only (masked
                 # outputs, e.g. convolution_backward's output_mask, are None).
+                # A returned Tensor[] inside a tuple (the functional fused
+                # optimizers) is a nested tuple of ids, flattened in order.
                 outs, out_ids, tuple_ids = [], [], []
+
+                def out_id(v):
+                    if _is_symbolic(v):
+                        raise Unsupported("dynamic shapes")
+                    outs.append((_et(v.dtype), list(v.shape)))
+                    out_ids.append(self.new())
+                    return out_ids[-1]
+
                 for v in vals:
                     if isinstance(v, torch.Tensor):
-                        if _is_symbolic(v):
-                            raise Unsupported("dynamic shapes")
-                        outs.append((_et(v.dtype), list(v.shape)))
-                        out_ids.append(self.new())
-                        tuple_ids.append(out_ids[-1])
+                        tuple_ids.append(out_id(v))
+                    elif isinstance(v, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in v):
+                        tuple_ids.append(tuple(out_id(t) for t in v))
                     else:
                         tuple_ids.append(-1)
                 nodes.append((name, specs, outs, out_ids, [sa.name for sa in schema.arguments]))
