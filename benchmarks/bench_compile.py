@@ -6,6 +6,7 @@
   with a fused=True AdamW, one native optimizer op per step) vs
   strict eager tpu vs native CPU eager, at batch 16 (bound by XLA:CPU compute
   on this machine) and batch 2 (bound by host dispatch, as on an accelerator).
+  The configurations run in one process, taking turns step by step.
 * Cold vs warm start, each in a fresh process: seconds spent compiling and
   time to the end of the first step, with an empty vs a populated cache, for
   the fully compiled step and for the compiled model with the fused AdamW.
@@ -62,6 +63,50 @@ print(json.dumps({"import_s": t_import - t_start, "first_step_end_s": t_first - 
 """
 
 
+# All step configurations in one process, taking turns step by step: this
+# machine's speed drifts by up to 2x over minutes, so configurations timed in
+# separate processes are not comparable; interleaved, the drift hits all alike.
+INTERLEAVED = r"""
+import time, json, statistics
+import torch, torchtpu
+from torchtpu.examples.gpt import GPTConfig, batches, make_model, make_train_step, synthetic_corpus
+cfg = GPTConfig()
+corpus = synthetic_corpus(4000, cfg.vocab_size)
+data = list(batches(corpus, BATCH, cfg.block_size, STEPS))
+base = make_model(cfg)
+configs = {}
+for name, dev, compiled in (("cpu_eager", "cpu", ""), ("tpu_strict", "tpu", ""),
+                            ("tpu_compiled_model", "tpu", "model"),
+                            ("tpu_compiled_model_fused_opt", "tpu", "model_fused"),
+                            ("tpu_compiled", "tpu", "full")):
+    model = make_model(cfg).to(dev)
+    model.load_state_dict(base.state_dict())
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True if compiled == "model_fused" else None)
+    if compiled in ("model", "model_fused"):
+        step = make_train_step(torch.compile(model, backend="tpu"), opt)
+    else:
+        step = make_train_step(model, opt, compile=compiled == "full")
+    batches_dev = [(x.to(dev), y.to(dev)) for x, y in data]
+    configs[name] = dict(step=step, data=batches_dev, times=[], host=[], programs=0)
+for i in range(STEPS):
+    for name, c in configs.items():
+        x, y = c["data"][i]
+        e0 = torchtpu.metrics()["executions"]
+        t0 = time.perf_counter()
+        loss = c["step"](x, y)
+        t1 = time.perf_counter()
+        loss.item()
+        c["times"].append(time.perf_counter() - t0)
+        c["host"].append(t1 - t0)
+        if i >= 3:
+            c["programs"] += torchtpu.metrics()["executions"] - e0
+k = max(3, STEPS // 3)
+print(json.dumps({name: {"median_step_ms": 1000 * statistics.median(c["times"][k:]),
+                         "median_host_ms": 1000 * statistics.median(c["host"][k:]),
+                         "programs_per_step": c["programs"] / (STEPS - 3)} for name, c in configs.items()}))
+"""
+
+
 def run(device: str, compiled: str, steps: int, cache_dir: str, batch: int) -> dict:
     """compiled: "" (eager), "model" (the model only), "model_fused" (the model, with a
     fused=True AdamW) or "full" (model and optimizer step)."""
@@ -75,11 +120,13 @@ def run(device: str, compiled: str, steps: int, cache_dir: str, batch: int) -> d
 
 
 def step_ratios(batch: int, steps: int, warm_dir: str) -> dict:
-    res = {"cpu_eager": run("cpu", "", steps, "", batch),
-           "tpu_strict": run("tpu", "", steps, warm_dir, batch),
-           "tpu_compiled_model": run("tpu", "model", steps, warm_dir, batch),
-           "tpu_compiled_model_fused_opt": run("tpu", "model_fused", steps, warm_dir, batch),
-           "tpu_compiled": run("tpu", "full", steps, warm_dir, batch)}
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=warm_dir, PYTHONPATH=ROOT, TORCHTPU_MODE="strict",
+               TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    code = f"STEPS={steps}\nBATCH={batch}\n" + INTERLEAVED
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=3600)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr[-4000:])
+    res = json.loads(r.stdout.strip().splitlines()[-1])
     c = res["tpu_compiled"]["median_step_ms"]
     res["ratios"] = {
         "compiled_speedup_vs_strict": res["tpu_strict"]["median_step_ms"] / c,
