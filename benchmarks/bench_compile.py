@@ -107,26 +107,24 @@ print(json.dumps({name: {"median_step_ms": 1000 * statistics.median(c["times"][k
 """
 
 
-def run(device: str, compiled: str, steps: int, cache_dir: str, batch: int) -> dict:
-    """compiled: "" (eager), "model" (the model only), "model_fused" (the model, with a
-    fused=True AdamW) or "full" (model and optimizer step)."""
+def _script(code: str, cache_dir: str) -> dict:
+    """Runs a benchmark script in a fresh process; its last stdout line is JSON."""
     env = dict(os.environ, TORCHTPU_CACHE_DIR=cache_dir, PYTHONPATH=ROOT, TORCHTPU_MODE="strict",
                TORCH_DEVICE_BACKEND_AUTOLOAD="0")
-    code = f"DEVICE={device!r}\nCOMPILED={compiled!r}\nSTEPS={steps}\nBATCH={batch}\n" + STEP
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1800)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=3600)
     if r.returncode != 0:
         raise RuntimeError(r.stderr[-4000:])
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def run(device: str, compiled: str, steps: int, cache_dir: str, batch: int) -> dict:
+    """compiled: "" (eager), "model" (the model only), "model_fused" (the model, with a
+    fused=True AdamW) or "full" (model and optimizer step)."""
+    return _script(f"DEVICE={device!r}\nCOMPILED={compiled!r}\nSTEPS={steps}\nBATCH={batch}\n" + STEP, cache_dir)
+
+
 def step_ratios(batch: int, steps: int, warm_dir: str) -> dict:
-    env = dict(os.environ, TORCHTPU_CACHE_DIR=warm_dir, PYTHONPATH=ROOT, TORCHTPU_MODE="strict",
-               TORCH_DEVICE_BACKEND_AUTOLOAD="0")
-    code = f"STEPS={steps}\nBATCH={batch}\n" + INTERLEAVED
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=3600)
-    if r.returncode != 0:
-        raise RuntimeError(r.stderr[-4000:])
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res = _script(f"STEPS={steps}\nBATCH={batch}\n" + INTERLEAVED, warm_dir)
     c = res["tpu_compiled"]["median_step_ms"]
     res["ratios"] = {
         "compiled_speedup_vs_strict": res["tpu_strict"]["median_step_ms"] / c,
