@@ -1,5 +1,6 @@
 """Native lowerings of reductions, NN ops, indexing and shape ops: tpu vs CPU
 (forward and backward), with no CPU fallbacks."""
+import copy
 import warnings
 
 import pytest
@@ -281,3 +282,21 @@ def test_transformer_block_end_to_end():
     for (n, p), pt in zip(m.named_parameters(), mt.parameters()):
         torch.testing.assert_close(pt.grad.cpu(), p.grad, atol=1e-4, rtol=1e-4, msg=n)
     assert not torchtpu.metrics()["cpu_fallbacks"], torchtpu.metrics()["cpu_fallbacks"]
+
+
+# nn.LSTM / nn.GRU run PyTorch's fused cells on PrivateUse1 devices (as on CUDA)
+@pytest.mark.parametrize("cls", [torch.nn.LSTM, torch.nn.GRU])
+@pytest.mark.parametrize("kw", [dict(num_layers=2, bidirectional=True, batch_first=True), dict(bias=False)])
+def test_rnn_matches_cpu(cls, kw):
+    torch.manual_seed(0)
+    ref = cls(6, 5, **kw)
+    x = torch.randn(3, 4, 6)
+    res = []
+    for dev in ("cpu", "tpu"):
+        m = copy.deepcopy(ref).to(dev)
+        xx = x.clone().to(dev).requires_grad_()
+        out, _ = m(xx)
+        (out * out).sum().backward()
+        res.append([out.detach().cpu(), xx.grad.cpu()] + [p.grad.cpu() for p in m.parameters()])
+    for a, b in zip(*res):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)

@@ -633,6 +633,15 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     MetaConv mc;
     torch::jit::Stack mstack;
     for (auto& a : args) mstack.push_back(mc.Convert(a));
+    if (name == "aten::_thnn_fused_lstm_cell" && mstack.size() == 5 &&
+        (mstack[3].isNone() || !mstack[3].toTensor().defined()) && mstack[0].isTensor() &&
+        mstack[0].toTensor().dim() == 2) {
+      // torch 2.13's meta function reads .device of absent biases
+      // (nn.LSTM(bias=False)); zero meta biases give the same shapes.
+      const at::Tensor& g = mstack[0].toTensor();
+      mstack[3] = at::zeros({g.size(1)}, g.options());
+      mstack[4] = mstack[3];
+    }
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &mstack);
     mr = std::make_shared<MetaResult>();
     std::unordered_map<const c10::TensorImpl*, int> ref;
@@ -948,6 +957,30 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", copy_from);
   m.impl("_copy_from_and_resize", copy_from_and_resize);
   m.impl("_local_scalar_dense", local_scalar_dense);
+}
+
+// PyTorch has no meta functions for the fused GRU cell (CUDA-only upstream,
+// which PyTorch's GRU also uses on PrivateUse1 devices); NativeKernel takes
+// output shapes from meta. The backward always returns both bias grads.
+static std::tuple<at::Tensor, at::Tensor> FusedGruCellMeta(const at::Tensor& ig, const at::Tensor& hg,
+                                                          const at::Tensor& hx, const std::optional<at::Tensor>&,
+                                                          const std::optional<at::Tensor>&) {
+  TORCH_CHECK(ig.dim() == 2 && hg.sizes() == ig.sizes() && hx.dim() == 2 && ig.size(1) == 3 * hx.size(1) &&
+                  ig.size(0) == hx.size(0),
+              "_thnn_fused_gru_cell: expected input_gates and hidden_gates of shape [B, 3H] and hx of [B, H], got ",
+              ig.sizes(), ", ", hg.sizes(), ", ", hx.sizes());
+  return {at::empty_like(hx), at::empty({hx.size(0), 5 * hx.size(1)}, hx.options())};
+}
+static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> FusedGruCellBackwardMeta(
+    const at::Tensor& grad_hy, const at::Tensor& workspace, bool) {
+  int64_t b = grad_hy.size(0), h = grad_hy.size(1);
+  auto o = grad_hy.options();
+  return {at::empty({b, 3 * h}, o), at::empty({b, 3 * h}, o), at::empty({b, h}, o), at::empty({3 * h}, o),
+          at::empty({3 * h}, o)};
+}
+TORCH_LIBRARY_IMPL(aten, Meta, m) {
+  m.impl("_thnn_fused_gru_cell", FusedGruCellMeta);
+  m.impl("_thnn_fused_gru_cell_backward", FusedGruCellBackwardMeta);
 }
 
 // copy_from resolves the conj/neg bits of its source itself: the generic

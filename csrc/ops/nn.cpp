@@ -372,5 +372,88 @@ std::vector<Value> EmbeddingDenseBackward(LowerCtx& c) {
 TT_LOWERINGS(({"aten::embedding_dense_backward", "aten::embedding_dense_backward.out"}),
              EmbeddingDenseBackward);
 
+// ---- fused RNN cells: PyTorch's LSTM/GRU run these on PrivateUse1 devices
+// (as on CUDA). The workspace holds what the backward needs; only these
+// lowerings read it.
+// _thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias?, hidden_bias?)
+//   -> (hy, cy, workspace = activated gates [i, f, g, o])
+std::vector<Value> FusedLstmCell(LowerCtx& c) {
+  Builder& b = c.b;
+  ET ct = ComputeType(c.out(0).et);
+  Value gates = b.Add(Cast(b, c.t(0), ct), Cast(b, c.t(1), ct));
+  for (size_t i : {3, 4})
+    if (c.has(i)) gates = b.Add(gates, Bcast(b, c.t(i), gates.dims(), ct));
+  int64_t h = gates.dims()[1] / 4;
+  auto chunk = [&](int k) { return b.SliceDim(gates, 1, k * h, (k + 1) * h); };
+  Value i = b.Unary("logistic", chunk(0)), f = b.Unary("logistic", chunk(1));
+  Value g = b.Unary("tanh", chunk(2)), o = b.Unary("logistic", chunk(3));
+  Value cy = b.Add(b.Mul(f, Cast(b, c.t(2), ct)), b.Mul(i, g));
+  Value hy = b.Mul(o, b.Unary("tanh", cy));
+  return {hy, cy, b.Concat({i, f, g, o}, 1)};
+}
+TT_LOWERINGS(({"aten::_thnn_fused_lstm_cell"}), FusedLstmCell);
+
+// _thnn_fused_lstm_cell_backward_impl(grad_hy?, grad_cy?, cx, cy, workspace, has_bias)
+//   -> (grad_gates, grad_cx, grad_bias)
+std::vector<Value> FusedLstmCellBackward(LowerCtx& c) {
+  Builder& b = c.b;
+  ET ct = ComputeType(c.out(0).et);
+  Value ws = Cast(b, c.t(4), ct), cx = Cast(b, c.t(2), ct), cy = Cast(b, c.t(3), ct);
+  int64_t h = cx.dims()[1];
+  auto chunk = [&](int k) { return b.SliceDim(ws, 1, k * h, (k + 1) * h); };
+  Value i = chunk(0), f = chunk(1), g = chunk(2), o = chunk(3);
+  Value one = b.Splat(cx.type, 1.0);
+  Value ghy = c.has(0) ? Cast(b, c.t(0), ct) : b.Zeros(cx.type);
+  Value gcy = c.has(1) ? Cast(b, c.t(1), ct) : b.Zeros(cx.type);
+  Value tcy = b.Unary("tanh", cy);
+  Value gc = b.Add(b.Mul(b.Mul(ghy, o), b.Sub(one, b.Mul(tcy, tcy))), gcy);  // d cy in total
+  Value gi = b.Mul(b.Mul(gc, g), b.Mul(i, b.Sub(one, i)));
+  Value gf = b.Mul(b.Mul(gc, cx), b.Mul(f, b.Sub(one, f)));
+  Value gg = b.Mul(b.Mul(gc, i), b.Sub(one, b.Mul(g, g)));
+  Value go = b.Mul(b.Mul(ghy, tcy), b.Mul(o, b.Sub(one, o)));
+  Value gates = b.Concat({gi, gf, gg, go}, 1);
+  std::vector<Value> out = {gates, b.Mul(gc, f)};
+  if (c.outs.size() > 2) out.push_back(SumDims(b, gates, {0}, false, ct));
+  return out;
+}
+TT_LOWERINGS(({"aten::_thnn_fused_lstm_cell_backward_impl"}), FusedLstmCellBackward);
+
+// _thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias?, hidden_bias?)
+//   -> (hy, workspace = [r, z, n, hx, hn])
+std::vector<Value> FusedGruCell(LowerCtx& c) {
+  Builder& b = c.b;
+  ET ct = ComputeType(c.out(0).et);
+  Value ig = Cast(b, c.t(0), ct), hg = Cast(b, c.t(1), ct), hx = Cast(b, c.t(2), ct);
+  if (c.has(3)) ig = b.Add(ig, Bcast(b, c.t(3), ig.dims(), ct));
+  if (c.has(4)) hg = b.Add(hg, Bcast(b, c.t(4), hg.dims(), ct));
+  int64_t h = hx.dims()[1];
+  auto chunk = [&](Value v, int k) { return b.SliceDim(v, 1, k * h, (k + 1) * h); };
+  Value r = b.Unary("logistic", b.Add(chunk(ig, 0), chunk(hg, 0)));
+  Value z = b.Unary("logistic", b.Add(chunk(ig, 1), chunk(hg, 1)));
+  Value hn = chunk(hg, 2);
+  Value n = b.Unary("tanh", b.Add(chunk(ig, 2), b.Mul(r, hn)));
+  Value hy = b.Add(n, b.Mul(z, b.Sub(hx, n)));
+  return {hy, b.Concat({r, z, n, hx, hn}, 1)};
+}
+TT_LOWERINGS(({"aten::_thnn_fused_gru_cell"}), FusedGruCell);
+
+// _thnn_fused_gru_cell_backward(grad_hy, workspace, has_bias)
+//   -> (grad_input_gates, grad_hidden_gates, grad_hx, grad_input_bias, grad_hidden_bias)
+std::vector<Value> FusedGruCellBackward(LowerCtx& c) {
+  Builder& b = c.b;
+  ET ct = ComputeType(c.out(0).et);
+  Value gh = Cast(b, c.t(0), ct), ws = Cast(b, c.t(1), ct);
+  int64_t h = gh.dims()[1];
+  auto chunk = [&](int k) { return b.SliceDim(ws, 1, k * h, (k + 1) * h); };
+  Value r = chunk(0), z = chunk(1), n = chunk(2), hx = chunk(3), hn = chunk(4);
+  Value one = b.Splat(gh.type, 1.0);
+  Value dn = b.Mul(b.Mul(gh, b.Sub(one, z)), b.Sub(one, b.Mul(n, n)));
+  Value dz = b.Mul(b.Mul(gh, b.Sub(hx, n)), b.Mul(z, b.Sub(one, z)));
+  Value dr = b.Mul(b.Mul(dn, hn), b.Mul(r, b.Sub(one, r)));
+  Value gi = b.Concat({dr, dz, dn}, 1), ghid = b.Concat({dr, dz, b.Mul(dn, r)}, 1);
+  return {gi, ghid, b.Mul(gh, z), SumDims(b, gi, {0}, false, ct), SumDims(b, ghid, {0}, false, ct)};
+}
+TT_LOWERINGS(({"aten::_thnn_fused_gru_cell_backward"}), FusedGruCellBackward);
+
 }  // namespace
 }  // namespace tt::ops
