@@ -300,3 +300,22 @@ def test_rnn_matches_cpu(cls, kw):
         res.append([out.detach().cpu(), xx.grad.cpu()] + [p.grad.cpu() for p in m.parameters()])
     for a, b in zip(*res):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=3), dict(kernel_size=(2, 3), dilation=(2, 1), padding=1, stride=(2, 1)),
+                                dict(kernel_size=2, stride=2)])
+@pytest.mark.parametrize("batched", [True, False])
+def test_unfold_fold_match_cpu(kw, batched):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, 6) if batched else torch.randn(3, 7, 6)
+    f0 = dict(torchtpu.metrics()["cpu_fallbacks"])
+    res = []
+    for dev in ("cpu", "tpu"):
+        xx = x.clone().to(dev).requires_grad_()
+        cols = F.unfold(xx, **kw)
+        back = F.fold(cols * 1.5, (7, 6), **kw)
+        (cols.square().sum() + back.sum()).backward()
+        res.append([cols.detach().cpu(), back.detach().cpu(), xx.grad.cpu()])
+    assert dict(torchtpu.metrics()["cpu_fallbacks"]) == f0
+    for a, b in zip(*res):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)

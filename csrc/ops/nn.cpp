@@ -455,5 +455,75 @@ std::vector<Value> FusedGruCellBackward(LowerCtx& c) {
 }
 TT_LOWERINGS(({"aten::_thnn_fused_gru_cell_backward"}), FusedGruCellBackward);
 
+// ---- im2col / col2im (F.unfold / F.fold): one strided slice (im2col) or
+// one interior-padded placement (col2im) per kernel offset.
+struct Im2ColGeom {
+  int64_t kh, kw, dh, dw, ph, pw, sh, sw;
+  Im2ColGeom(const LowerCtx& c, size_t k) {
+    auto two = [&](size_t i) {
+      std::vector<int64_t> v = c.ints(i);
+      if (v.size() != 2) c.fail("expected two values for '" + c.names.at(i) + "'");
+      return v;
+    };
+    auto ks = two(k), di = two(k + 1), pa = two(k + 2), st = two(k + 3);
+    kh = ks[0], kw = ks[1], dh = di[0], dw = di[1], ph = pa[0], pw = pa[1], sh = st[0], sw = st[1];
+  }
+  int64_t out(int64_t size, int64_t k, int64_t d, int64_t p, int64_t s) const {
+    return (size + 2 * p - d * (k - 1) - 1) / s + 1;
+  }
+};
+
+std::vector<Value> Im2Col(LowerCtx& c) {
+  Builder& b = c.b;
+  Value x = c.t(0);
+  bool batched = x.rank() == 4;
+  if (!batched) x = b.Reshape(x, {1, x.dims()[0], x.dims()[1], x.dims()[2]});
+  Im2ColGeom g(c, 1);
+  int64_t n = x.dims()[0], ch = x.dims()[1], h = x.dims()[2], w = x.dims()[3];
+  int64_t oh = g.out(h, g.kh, g.dh, g.ph, g.sh), ow = g.out(w, g.kw, g.dw, g.pw, g.sw);
+  Value xp = b.Pad(x, b.Zeros(Type(x.et(), {})), {0, 0, g.ph, g.pw}, {0, 0, g.ph, g.pw}, {0, 0, 0, 0});
+  std::vector<Value> cols;
+  for (int64_t i = 0; i < g.kh; ++i)
+    for (int64_t j = 0; j < g.kw; ++j) {
+      Value s = b.Slice(xp, {0, 0, i * g.dh, j * g.dw},
+                        {n, ch, i * g.dh + g.sh * (oh - 1) + 1, j * g.dw + g.sw * (ow - 1) + 1}, {1, 1, g.sh, g.sw});
+      cols.push_back(b.Reshape(s, {n, ch, 1, oh * ow}));
+    }
+  Value r = b.Reshape(b.Concat(cols, 2), {n, ch * g.kh * g.kw, oh * ow});
+  return {b.Reshape(r, c.out().dims)};
+}
+TT_LOWERINGS(({"aten::im2col", "aten::im2col.out"}), Im2Col);
+
+std::vector<Value> Col2Im(LowerCtx& c) {
+  Builder& b = c.b;
+  Value x = c.t(0);
+  if (x.rank() == 2) x = b.Reshape(x, {1, x.dims()[0], x.dims()[1]});
+  std::vector<int64_t> os = c.ints(1);
+  if (os.size() != 2) c.fail("expected two values for 'output_size'");
+  Im2ColGeom g(c, 2);
+  int64_t n = x.dims()[0], h = os[0], w = os[1];
+  int64_t oh = g.out(h, g.kh, g.dh, g.ph, g.sh), ow = g.out(w, g.kw, g.dw, g.pw, g.sw);
+  if (x.dims()[1] % (g.kh * g.kw) != 0 || x.dims()[2] != oh * ow)
+    c.fail("input of shape " + x.type.str() + " does not match the kernel and output_size");
+  int64_t ch = x.dims()[1] / (g.kh * g.kw), hp = h + 2 * g.ph, wp = w + 2 * g.pw;
+  ET ct = ComputeType(x.et());
+  Value cols = b.Reshape(Cast(b, x, ct), {n, ch, g.kh * g.kw, oh, ow});
+  Value zero = b.Zeros(Type(ct, {}));
+  Value acc;
+  for (int64_t i = 0; i < g.kh; ++i)
+    for (int64_t j = 0; j < g.kw; ++j) {
+      int64_t k = i * g.kw + j;
+      Value s = b.Reshape(b.Slice(cols, {0, 0, k, 0, 0}, {n, ch, k + 1, oh, ow}, {1, 1, 1, 1, 1}), {n, ch, oh, ow});
+      int64_t lo_h = i * g.dh, lo_w = j * g.dw;
+      Value placed = b.Pad(s, zero, {0, 0, lo_h, lo_w},
+                           {0, 0, hp - lo_h - ((oh - 1) * g.sh + 1), wp - lo_w - ((ow - 1) * g.sw + 1)},
+                           {0, 0, g.sh - 1, g.sw - 1});
+      acc = acc.valid() ? b.Add(acc, placed) : placed;
+    }
+  Value r = b.Slice(acc, {0, 0, g.ph, g.pw}, {n, ch, g.ph + h, g.pw + w}, {1, 1, 1, 1});
+  return {b.Reshape(Cast(b, r, c.out().et), c.out().dims)};
+}
+TT_LOWERINGS(({"aten::col2im", "aten::col2im.out"}), Col2Im);
+
 }  // namespace
 }  // namespace tt::ops
