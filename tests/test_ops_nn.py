@@ -291,6 +291,7 @@ def test_rnn_matches_cpu(cls, kw):
     torch.manual_seed(0)
     ref = cls(6, 5, **kw)
     x = torch.randn(3, 4, 6)
+    f0 = dict(torchtpu.metrics()["cpu_fallbacks"])
     res = []
     for dev in ("cpu", "tpu"):
         m = copy.deepcopy(ref).to(dev)
@@ -298,6 +299,7 @@ def test_rnn_matches_cpu(cls, kw):
         out, _ = m(xx)
         (out * out).sum().backward()
         res.append([out.detach().cpu(), xx.grad.cpu()] + [p.grad.cpu() for p in m.parameters()])
+    assert dict(torchtpu.metrics()["cpu_fallbacks"]) == f0
     for a, b in zip(*res):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
 

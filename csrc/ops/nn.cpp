@@ -193,14 +193,18 @@ std::vector<Value> ThresholdBackward(LowerCtx& c) {
 }
 TT_LOWERINGS(({"aten::threshold_backward", "aten::threshold_backward.grad_input"}), ThresholdBackward);
 
+// The derivative of tanh (1 - y^2) or of the sigmoid (y (1 - y)) from its output y.
+Value DerivFromOut(Builder& b, const Value& y, bool tanh) {
+  return tanh ? b.Sub(S(b, y, 1), b.Mul(y, y)) : b.Mul(b.Sub(S(b, y, 1), y), y);
+}
+
 template <bool Tanh>
 std::vector<Value> OutBackward(LowerCtx& c) {
   Builder& b = c.b;
   ET ct = ComputeType(c.out().et);
   const Dims& d = c.out().dims;
   Value g = Bcast(b, c.t(0), d, ct), y = Bcast(b, c.t(1), d, ct);
-  if (Tanh) return {b.Mul(g, b.Sub(S(b, y, 1), b.Mul(y, y)))};
-  return {b.Mul(g, b.Mul(b.Sub(S(b, y, 1), y), y))};
+  return {b.Mul(g, DerivFromOut(b, y, Tanh))};
 }
 TT_LOWERINGS(({"aten::sigmoid_backward", "aten::sigmoid_backward.grad_input"}), OutBackward<false>);
 TT_LOWERINGS(({"aten::tanh_backward", "aten::tanh_backward.grad_input"}), OutBackward<true>);
@@ -375,6 +379,9 @@ TT_LOWERINGS(({"aten::embedding_dense_backward", "aten::embedding_dense_backward
 // ---- fused RNN cells: PyTorch's LSTM/GRU run these on PrivateUse1 devices
 // (as on CUDA). The workspace holds what the backward needs; only these
 // lowerings read it.
+// Gate k of a [B, n*h] value.
+Value Chunk(Builder& b, const Value& v, int64_t k, int64_t h) { return b.SliceDim(v, 1, k * h, (k + 1) * h); }
+
 // _thnn_fused_lstm_cell(input_gates, hidden_gates, cx, input_bias?, hidden_bias?)
 //   -> (hy, cy, workspace = activated gates [i, f, g, o])
 std::vector<Value> FusedLstmCell(LowerCtx& c) {
@@ -384,9 +391,8 @@ std::vector<Value> FusedLstmCell(LowerCtx& c) {
   for (size_t i : {3, 4})
     if (c.has(i)) gates = b.Add(gates, Bcast(b, c.t(i), gates.dims(), ct));
   int64_t h = gates.dims()[1] / 4;
-  auto chunk = [&](int k) { return b.SliceDim(gates, 1, k * h, (k + 1) * h); };
-  Value i = b.Unary("logistic", chunk(0)), f = b.Unary("logistic", chunk(1));
-  Value g = b.Unary("tanh", chunk(2)), o = b.Unary("logistic", chunk(3));
+  Value i = b.Unary("logistic", Chunk(b, gates, 0, h)), f = b.Unary("logistic", Chunk(b, gates, 1, h));
+  Value g = b.Unary("tanh", Chunk(b, gates, 2, h)), o = b.Unary("logistic", Chunk(b, gates, 3, h));
   Value cy = b.Add(b.Mul(f, Cast(b, c.t(2), ct)), b.Mul(i, g));
   Value hy = b.Mul(o, b.Unary("tanh", cy));
   return {hy, cy, b.Concat({i, f, g, o}, 1)};
@@ -400,17 +406,15 @@ std::vector<Value> FusedLstmCellBackward(LowerCtx& c) {
   ET ct = ComputeType(c.out(0).et);
   Value ws = Cast(b, c.t(4), ct), cx = Cast(b, c.t(2), ct), cy = Cast(b, c.t(3), ct);
   int64_t h = cx.dims()[1];
-  auto chunk = [&](int k) { return b.SliceDim(ws, 1, k * h, (k + 1) * h); };
-  Value i = chunk(0), f = chunk(1), g = chunk(2), o = chunk(3);
-  Value one = b.Splat(cx.type, 1.0);
+  Value i = Chunk(b, ws, 0, h), f = Chunk(b, ws, 1, h), g = Chunk(b, ws, 2, h), o = Chunk(b, ws, 3, h);
   Value ghy = c.has(0) ? Cast(b, c.t(0), ct) : b.Zeros(cx.type);
   Value gcy = c.has(1) ? Cast(b, c.t(1), ct) : b.Zeros(cx.type);
   Value tcy = b.Unary("tanh", cy);
-  Value gc = b.Add(b.Mul(b.Mul(ghy, o), b.Sub(one, b.Mul(tcy, tcy))), gcy);  // d cy in total
-  Value gi = b.Mul(b.Mul(gc, g), b.Mul(i, b.Sub(one, i)));
-  Value gf = b.Mul(b.Mul(gc, cx), b.Mul(f, b.Sub(one, f)));
-  Value gg = b.Mul(b.Mul(gc, i), b.Sub(one, b.Mul(g, g)));
-  Value go = b.Mul(b.Mul(ghy, tcy), b.Mul(o, b.Sub(one, o)));
+  Value gc = b.Add(b.Mul(b.Mul(ghy, o), DerivFromOut(b, tcy, true)), gcy);  // d cy in total
+  Value gi = b.Mul(b.Mul(gc, g), DerivFromOut(b, i, false));
+  Value gf = b.Mul(b.Mul(gc, cx), DerivFromOut(b, f, false));
+  Value gg = b.Mul(b.Mul(gc, i), DerivFromOut(b, g, true));
+  Value go = b.Mul(b.Mul(ghy, tcy), DerivFromOut(b, o, false));
   Value gates = b.Concat({gi, gf, gg, go}, 1);
   std::vector<Value> out = {gates, b.Mul(gc, f)};
   if (c.outs.size() > 2) out.push_back(SumDims(b, gates, {0}, false, ct));
@@ -427,11 +431,10 @@ std::vector<Value> FusedGruCell(LowerCtx& c) {
   if (c.has(3)) ig = b.Add(ig, Bcast(b, c.t(3), ig.dims(), ct));
   if (c.has(4)) hg = b.Add(hg, Bcast(b, c.t(4), hg.dims(), ct));
   int64_t h = hx.dims()[1];
-  auto chunk = [&](Value v, int k) { return b.SliceDim(v, 1, k * h, (k + 1) * h); };
-  Value r = b.Unary("logistic", b.Add(chunk(ig, 0), chunk(hg, 0)));
-  Value z = b.Unary("logistic", b.Add(chunk(ig, 1), chunk(hg, 1)));
-  Value hn = chunk(hg, 2);
-  Value n = b.Unary("tanh", b.Add(chunk(ig, 2), b.Mul(r, hn)));
+  Value r = b.Unary("logistic", b.Add(Chunk(b, ig, 0, h), Chunk(b, hg, 0, h)));
+  Value z = b.Unary("logistic", b.Add(Chunk(b, ig, 1, h), Chunk(b, hg, 1, h)));
+  Value hn = Chunk(b, hg, 2, h);
+  Value n = b.Unary("tanh", b.Add(Chunk(b, ig, 2, h), b.Mul(r, hn)));
   Value hy = b.Add(n, b.Mul(z, b.Sub(hx, n)));
   return {hy, b.Concat({r, z, n, hx, hn}, 1)};
 }
@@ -444,12 +447,11 @@ std::vector<Value> FusedGruCellBackward(LowerCtx& c) {
   ET ct = ComputeType(c.out(0).et);
   Value gh = Cast(b, c.t(0), ct), ws = Cast(b, c.t(1), ct);
   int64_t h = gh.dims()[1];
-  auto chunk = [&](int k) { return b.SliceDim(ws, 1, k * h, (k + 1) * h); };
-  Value r = chunk(0), z = chunk(1), n = chunk(2), hx = chunk(3), hn = chunk(4);
-  Value one = b.Splat(gh.type, 1.0);
-  Value dn = b.Mul(b.Mul(gh, b.Sub(one, z)), b.Sub(one, b.Mul(n, n)));
-  Value dz = b.Mul(b.Mul(gh, b.Sub(hx, n)), b.Mul(z, b.Sub(one, z)));
-  Value dr = b.Mul(b.Mul(dn, hn), b.Mul(r, b.Sub(one, r)));
+  Value r = Chunk(b, ws, 0, h), z = Chunk(b, ws, 1, h), n = Chunk(b, ws, 2, h), hx = Chunk(b, ws, 3, h),
+        hn = Chunk(b, ws, 4, h);
+  Value dn = b.Mul(b.Mul(gh, b.Sub(S(b, z, 1), z)), DerivFromOut(b, n, true));
+  Value dz = b.Mul(b.Mul(gh, b.Sub(hx, n)), DerivFromOut(b, z, false));
+  Value dr = b.Mul(b.Mul(dn, hn), DerivFromOut(b, r, false));
   Value gi = b.Concat({dr, dz, dn}, 1), ghid = b.Concat({dr, dz, b.Mul(dn, r)}, 1);
   return {gi, ghid, b.Mul(gh, z), SumDims(b, gi, {0}, false, ct), SumDims(b, ghid, {0}, false, ct)};
 }

@@ -4,6 +4,8 @@
 // rate does not recompile.
 #include <cmath>
 #include <limits>
+#include <map>
+#include <utility>
 
 #include "registry.h"
 
@@ -357,16 +359,21 @@ struct FusedCtx {
     for (size_t i : opt_shaped) check(i, true, true);
     if (steps >= 0) check((size_t)steps, false, false);
   }
-  // Float argument `i` (a schema float, or a Tensor lr) as a 0-d value of ct.
-  Value num(size_t i, ET ct) const {
+  // Float argument `i` (a schema float, or a Tensor lr) as a 0-d value of ct,
+  // emitted once per (argument, type) for the whole parameter list.
+  Value num(size_t i, ET ct) {
+    auto key = std::make_pair(i, ct);
+    auto it = memo_.find(key);
+    if (it != memo_.end()) return it->second;
     const Arg& a = c.arg(i);
-    if (a.kind == Arg::Tensor || a.kind == Arg::Scalar) return Cast(c.b, c.b.Reshape(a.v, {}), ct);
-    return c.scalar_arg(c.f64(i), ct);
+    Value v = a.kind == Arg::Tensor || a.kind == Arg::Scalar ? Cast(c.b, c.b.Reshape(a.v, {}), ct)
+                                                             : c.scalar_arg(c.f64(i), ct);
+    return memo_[key] = v;
   }
   // Optional tensor argument (grad_scale, found_inf) as a 0-d ct value.
-  std::optional<Value> opt(size_t i, ET ct) const {
+  std::optional<Value> opt(size_t i, ET ct) {
     if (!c.has(i)) return std::nullopt;
-    return Cast(c.b, c.b.Reshape(c.arg(i).v, {}), ct);
+    return num(i, ct);
   }
   // An unchanged list element: the input itself in a functional graph,
   // nothing to write in eager.
@@ -378,14 +385,20 @@ struct FusedCtx {
     ET ct;
     Dims dims;
     Value p, g, unscaled;  // unscaled: what the grads list gets back
-    std::optional<Value> scale, found;
+    std::optional<Value> scale;
+    Value skip;  // found_inf == 1 (0-d pred); invalid without found_inf
   };
-  Param param(const Value& p, const Value& g, size_t scale_i, bool maximize, double l2) const {
+  Param param(const Value& p, const Value& g, size_t scale_i, bool maximize, double l2) {
     Param r;
     r.ct = ComputeType(p.et());
     r.dims = p.dims();
     r.scale = opt(scale_i, r.ct);
-    r.found = opt(scale_i + 1, r.ct);
+    if (auto found = opt(scale_i + 1, r.ct)) {
+      auto key = std::make_pair(scale_i + 1, ET::PRED);
+      auto it = memo_.find(key);
+      r.skip = it != memo_.end() ? it->second
+                                 : memo_[key] = c.b.Compare(*found, c.b.Splat(found->type, 1.0), "EQ");
+    }
     r.p = Cast(c.b, p, r.ct);
     r.g = Cast(c.b, g, r.ct);
     if (r.scale) r.g = c.b.Div(r.g, c.b.BroadcastTo(*r.scale, r.dims));
@@ -394,15 +407,26 @@ struct FusedCtx {
     if (l2 != 0) r.g = c.b.Add(r.g, c.b.Mul(c.b.BroadcastTo(c.scalar_arg(l2, r.ct), r.dims), r.p));
     return r;
   }
+  // A 0-d value broadcast to the parameter's shape.
+  Value bc(const Param& q, const Value& s) const { return c.b.BroadcastTo(s, q.dims); }
   // found_inf == 1 skips the step: every output keeps its input value.
   Value skip(const Param& q, Value updated, const Value& old) const {
-    if (!q.found) return updated;
-    Value f = c.b.BroadcastTo(c.b.Compare(*q.found, c.b.Splat(q.found->type, 1.0), "EQ"), old.dims());
-    return c.b.Select(f, Cast(c.b, old, updated.et()), updated);
+    if (!q.skip.valid()) return updated;
+    return c.b.Select(c.b.BroadcastTo(q.skip, old.dims()), Cast(c.b, old, updated.et()), updated);
   }
   // The grads list's output: unscaled when grad_scale is given.
   Value grad_out(const Param& q, const Value& g) const { return q.scale ? skip(q, q.unscaled, g) : same(g); }
+
+ private:
+  std::map<std::pair<size_t, ET>, Value> memo_;
 };
+
+// The outputs in schema order: the lists one after another.
+std::vector<Value> Lists(std::initializer_list<const std::vector<Value>*> lists) {
+  std::vector<Value> out;
+  for (auto* l : lists) out.insert(out.end(), l->begin(), l->end());
+  return out;
+}
 
 // Adam / AdamW. args: self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
 // state_steps, lr, beta1, beta2, weight_decay, eps, amsgrad, maximize,
@@ -419,7 +443,7 @@ std::vector<Value> FusedAdam(LowerCtx& c) {
   for (size_t k = 0; k < ps.size(); ++k) {
     FusedCtx::Param q = f.param(ps[k], gs[k], 13, maximize, AdamW ? 0.0 : wd);
     ET ct = q.ct;
-    auto bc = [&](Value s) { return b.BroadcastTo(s, q.dims); };
+    auto bc = [&](const Value& s) { return f.bc(q, s); };
     Value lr = f.num(6, ct), eps = f.num(10, ct), p = q.p, g = q.g;
     if (AdamW && wd != 0) p = b.Sub(p, b.Mul(bc(b.Mul(lr, c.scalar_arg(wd, ct))), p));
     // 1 - beta is formed on the host in double: 1 - f32(0.999) is off by 1e-5.
@@ -445,9 +469,7 @@ std::vector<Value> FusedAdam(LowerCtx& c) {
     nm2.push_back(f.skip(q, es, m2[k]));
     if (k < mx.size()) nmx.push_back(amsgrad ? f.skip(q, nmax, mx[k]) : f.same(mx[k]));
   }
-  std::vector<Value> out = np;
-  for (auto* l : {&ng, &nm1, &nm2, &nmx}) out.insert(out.end(), l->begin(), l->end());
-  return out;
+  return Lists({&np, &ng, &nm1, &nm2, &nmx});
 }
 TT_LOWERINGS(({"aten::_fused_adam_", "aten::_fused_adam_.tensor_lr", "aten::_fused_adam",
                "aten::_fused_adam.tensor_lr"}), FusedAdam<false>);
@@ -466,7 +488,7 @@ std::vector<Value> FusedSgd(LowerCtx& c) {
   std::vector<Value> np, ng, nb;
   for (size_t k = 0; k < ps.size(); ++k) {
     FusedCtx::Param q = f.param(ps[k], gs[k], 10, c.flag(8), c.f64(3));
-    auto bc = [&](Value s) { return b.BroadcastTo(s, q.dims); };
+    auto bc = [&](const Value& s) { return f.bc(q, s); };
     Value g = q.g, buf;
     if (momentum != 0) {
       Value mom = bc(c.scalar_arg(momentum, q.ct));
@@ -478,9 +500,7 @@ std::vector<Value> FusedSgd(LowerCtx& c) {
     ng.push_back(f.grad_out(q, gs[k]));
     if (k < bufs.size()) nb.push_back(momentum != 0 ? f.skip(q, buf, bufs[k]) : f.same(bufs[k]));
   }
-  std::vector<Value> out = np;
-  for (auto* l : {&ng, &nb}) out.insert(out.end(), l->begin(), l->end());
-  return out;
+  return Lists({&np, &ng, &nb});
 }
 TT_LOWERINGS(({"aten::_fused_sgd_", "aten::_fused_sgd_.tensor_lr", "aten::_fused_sgd",
                "aten::_fused_sgd.tensor_lr"}), FusedSgd);
@@ -496,7 +516,7 @@ std::vector<Value> FusedAdagrad(LowerCtx& c) {
   std::vector<Value> np, ng, ns, nst;
   for (size_t k = 0; k < ps.size(); ++k) {
     FusedCtx::Param q = f.param(ps[k], gs[k], 9, c.flag(8), c.f64(6));
-    auto bc = [&](Value s) { return b.BroadcastTo(s, q.dims); };
+    auto bc = [&](const Value& s) { return f.bc(q, s); };
     Value step = Cast(b, b.Reshape(steps[k], {}), q.ct);
     Value one = b.Splat(Type(q.ct, {}), 1.0);
     // clr = lr / (1 + (step - 1) * lr_decay); sum += g^2; p -= clr * g / (sqrt(sum) + eps)
@@ -508,9 +528,7 @@ std::vector<Value> FusedAdagrad(LowerCtx& c) {
     ns.push_back(f.skip(q, s, sums[k]));
     if (steps_out) nst.push_back(f.same(steps[k]));
   }
-  std::vector<Value> out = np;
-  for (auto* l : {&ng, &ns, &nst}) out.insert(out.end(), l->begin(), l->end());
-  return out;
+  return Lists({&np, &ng, &ns, &nst});
 }
 TT_LOWERINGS(({"aten::_fused_adagrad_", "aten::_fused_adagrad_.tensor_lr", "aten::_fused_adagrad",
                "aten::_fused_adagrad.tensor_lr"}), FusedAdagrad);
