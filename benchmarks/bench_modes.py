@@ -11,7 +11,9 @@ Reports:
     an accelerator): step and host time per mode with the loss read every
     step (loss.item()), the pipelined step time with the losses read once at
     the end, the defer/strict speed-ups of both, programs per step and the
-    first-step (compile) time;
+    first-step (compile) time; also defer_and_fuse_chunk0, defer_and_fuse
+    with each synced step one region (torchtpu.set_defer_chunk_ops(0)), to
+    show what running the step in parts gains;
   * elementwise chain: 50 x (+1, *2, -1) on a 1M-element float tensor, then
     .cpu(): time per mode and the defer/strict speed-up.
 """
@@ -39,15 +41,33 @@ import torchtpu  # noqa: E402
 from torchtpu.examples.gpt import GPTConfig, batches, make_model, make_train_step, synthetic_corpus
 
 
+class _ChunkOps:
+    """Sets torchtpu.set_defer_chunk_ops for a block (None: leaves it)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __enter__(self):
+        if self.n is not None:
+            self.prev = torchtpu.set_defer_chunk_ops(self.n)
+
+    def __exit__(self, *exc):
+        if self.n is not None:
+            torchtpu.set_defer_chunk_ops(self.prev)
+
+
 class GptRun:
     """One mode's GPT training run. Runs of several modes advance step by step
     in turn (interleaved), so this machine's drifting speed hits every mode
     alike; each step's wall time includes loss.item()."""
 
-    def __init__(self, mode: str, steps: int, batch: int):
+    def __init__(self, mode: str, steps: int, batch: int, chunk_ops: int | None = None):
         cfg = GPTConfig()
         corpus = synthetic_corpus(20000, cfg.vocab_size)
         self.mode = mode
+        # defer_and_fuse's parts per synced step (None: the default)
+        self.chunk_ops = chunk_ops
+        self.name = mode if chunk_ops is None else f"{mode}_chunk{chunk_ops}"
         with torchtpu.mode(mode):
             torch.tpu.synchronize()
             torch.manual_seed(0)
@@ -58,9 +78,13 @@ class GptRun:
         self.times, self.host, self.programs, self.compiles, self.compile_s = [], [], [], [], []
         self.pipelined, self.pipelined_compiles = [], 0
 
+    def _settings(self):
+        return torchtpu.mode(self.mode), _ChunkOps(self.chunk_ops)
+
     def step(self, i: int) -> None:
         x, y = self.data[i]
-        with torchtpu.mode(self.mode):
+        mode, chunk = self._settings()
+        with mode, chunk:
             m0 = torchtpu.metrics()
             t0 = time.perf_counter()
             loss = self.step_fn(x, y)
@@ -77,7 +101,8 @@ class GptRun:
         # the same steps again, losses kept and read once at the end (a loop
         # that logs every N steps): the host records step i+1 while the device
         # runs step i
-        with torchtpu.mode(self.mode):
+        mode, chunk = self._settings()
+        with mode, chunk:
             m0 = torchtpu.metrics()
             t0 = time.perf_counter()
             losses = [self.step_fn(x, y) for x, y in self.data]
@@ -137,7 +162,10 @@ def main() -> None:
     res = {}
     for b in (int(v) for v in args.batches.split(",")):
         r = res[f"gpt_batch_{b}"] = {}
-        runs = [GptRun(mode, args.steps, b) for mode in ("strict", "defer_and_fuse")]
+        # defer_and_fuse_chunk0: each synced step one region (no parts), to
+        # show what cutting the step into parts gains
+        runs = [GptRun("strict", args.steps, b), GptRun("defer_and_fuse", args.steps, b),
+                GptRun("defer_and_fuse", args.steps, b, chunk_ops=0)]
         for i in range(args.steps):
             for run in runs:
                 run.step(i)
@@ -145,8 +173,9 @@ def main() -> None:
             for run in runs:
                 run.run_pipelined()
         for run in runs:
-            r[run.mode] = run.result()
+            r[run.name] = run.result()
         r["speedup_defer_vs_strict"] = r["strict"]["step_ms"] / r["defer_and_fuse"]["step_ms"]
+        r["speedup_defer_chunk0_vs_strict"] = r["strict"]["step_ms"] / r["defer_and_fuse_chunk0"]["step_ms"]
         r["speedup_defer_vs_strict_pipelined"] = r["strict"]["pipelined_ms"] / r["defer_and_fuse"]["pipelined_ms"]
     res["chain"] = elementwise_chain(("strict", "defer_and_fuse"), 9 * args.repeat)
     res["chain"]["speedup_defer_vs_strict"] = res["chain"]["strict"]["ms"] / res["chain"]["defer_and_fuse"]["ms"]

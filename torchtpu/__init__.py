@@ -153,6 +153,20 @@ def metrics() -> dict:
     return m
 
 
+def set_defer_chunk_ops(n: int) -> int:
+    """defer_and_fuse: a loop that reads the host every iteration (``loss.item()``)
+    is cut into parts of about ``n`` ops, so the device runs one part while
+    the host records the next; 0 keeps each iteration one region. Returns the
+    previous value (default ``TORCHTPU_DEFER_CHUNK_OPS``, else 48)."""
+    from . import _C
+
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"set_defer_chunk_ops: n must be an int, got {type(n).__name__}")
+    if n < 0:
+        raise ValueError(f"set_defer_chunk_ops: n must be >= 0, got {n}")
+    return _C._set_defer_chunk_ops(n)
+
+
 def reset_metrics() -> None:
     from . import _C
 

@@ -179,7 +179,7 @@ void Region::Reset() {
   slots_.clear();
   extra_.clear();
   ops_ = 0;
-  cut_pending_ = false;
+  cut_pending_ = nullptr;
   epoch_ = g_epoch.fetch_add(1);
 }
 
@@ -385,6 +385,35 @@ int64_t DeferThreshold() {
 
 constexpr size_t kTinyLoopOps = 32;
 
+// A loop that reads the host every iteration (loss.item()) runs its whole
+// iteration after recording it, so the device idles while the host records
+// and the host waits while the device runs. Such an iteration is cut into
+// parts of about TORCHTPU_DEFER_CHUNK_OPS ops (0: no parts), each flushed at
+// the same phase every time (each a cache hit), so the device runs one part
+// while the host records the next. A loop that does not sync every iteration
+// overlaps whole iterations already and stays one region per iteration.
+std::atomic<int64_t>& DeferChunkOpsVar() {
+  static std::atomic<int64_t> t{[] {
+    const char* e = std::getenv("TORCHTPU_DEFER_CHUNK_OPS");
+    return e && *e ? std::max<int64_t>(0, std::atoll(e)) : 48;
+  }()};
+  return t;
+}
+int64_t DeferChunkOps() { return DeferChunkOpsVar().load(); }
+int64_t SetDeferChunkOps(int64_t n) {
+  TORCH_CHECK(n >= 0, "torchtpu: defer chunk ops must be >= 0, got ", n);
+  return DeferChunkOpsVar().exchange(n);
+}
+
+// Ops per part of an iteration of `period` ops (0: one part).
+size_t ChunkOps(size_t period) {
+  constexpr size_t kMaxParts = 16;
+  size_t target = (size_t)DeferChunkOps();
+  if (target == 0 || period < 2 * target) return 0;
+  size_t parts = std::min(kMaxParts, (period + target / 2) / target);
+  return (period + parts - 1) / parts;
+}
+
 void Region::AfterOp(uint64_t sig) {
   ops_++;
   Mode m = GetMode();
@@ -401,12 +430,18 @@ void Region::AfterOp(uint64_t sig) {
       candidates_.clear();
     } else if (++period_pos_ == period_) {
       period_pos_ = 0;
-      cut_pending_ = true;
+      cut_pending_ = "loop_boundary";
+      return;
+    } else if (period_chunk_ && period_pos_ % period_chunk_ == 0) {
+      // a cut inside the iteration, at the same phase every time: the device
+      // runs this part while the host records the next
+      cut_pending_ = "loop_part";
       return;
     }
   }
   if (!period_ && sigs_.empty() && !known_loop_.empty() && sig == known_loop_[0]) {
     period_ = known_loop_.size();
+    period_chunk_ = ChunkOps(period_);
     period_sigs_ = known_loop_;
     period_pos_ = 1;
   } else if (!period_) {
@@ -430,13 +465,14 @@ void Region::AfterOp(uint64_t sig) {
         // (loss.item()) has compiled already: grouping iterations would cost
         // a second, bigger compile for no fusion gain.
         period_ = p < kTinyLoopOps ? p * std::max<size_t>(1, (size_t)DeferThreshold() / 2 / p) : p;
+        period_chunk_ = 0;  // iterations overlap already: no parts
         period_pos_ = (2 * p) % period_;  // phase origin: the first op of sigs_
         period_sigs_.assign(sigs_.begin(), sigs_.begin() + p);
         GetDeferStats().periods_detected++;
         sigs_.clear();
         candidates_.clear();
         if (period_pos_ == 0) {
-          cut_pending_ = true;
+          cut_pending_ = "loop_boundary";
           return;
         }
       }
@@ -451,8 +487,8 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
     ds.flushes++;
     ds.ops_flushed += ops_;
     ds.flush_reasons[reason]++;
-    if (std::strcmp(reason, "loop_boundary") && std::strcmp(reason, "loop_detected") &&
-        std::strcmp(reason, "size_threshold")) {
+    if (std::strcmp(reason, "loop_boundary") && std::strcmp(reason, "loop_part") &&
+        std::strcmp(reason, "loop_detected") && std::strcmp(reason, "size_threshold")) {
       // a host read or sync inside a loop: restart detection from here
       if (sigs_.size() >= kTinyLoopOps) {
         if (sigs_ == last_sigs_) known_loop_ = sigs_;

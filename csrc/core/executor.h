@@ -63,8 +63,9 @@ class Region {
   // optimizer's intermediate lists) are dead by then and never materialized.
   void BeginOp() {
     if (cut_pending_) {
-      cut_pending_ = false;
-      if (!empty()) Flush(false, "loop_boundary");
+      const char* reason = cut_pending_;
+      cut_pending_ = nullptr;
+      if (!empty()) Flush(false, reason);
     }
   }
   bool empty() const { return ops_ == 0 && extra_.empty(); }
@@ -141,13 +142,14 @@ class Region {
   std::vector<size_t> candidates_;
   size_t period_ = 0;       // detected iteration length in ops (0 = none)
   size_t period_pos_ = 0;   // ops since the last periodic flush
+  size_t period_chunk_ = 0; // cut also every this many ops inside a period (0: no)
   std::vector<uint64_t> period_sigs_;
   // The op sequence of the last region a host read or sync ended, and a loop
   // body seen twice that way (a loop reading the loss every step): a later
   // sequence starting with that body is cut after it at once, with no
   // two-iteration detection region and its extra compile.
   std::vector<uint64_t> last_sigs_, known_loop_;
-  bool cut_pending_ = false;
+  const char* cut_pending_ = nullptr;  // the reason of a cut at the next op
 };
 
 struct DeferStats {
@@ -156,6 +158,10 @@ struct DeferStats {
 };
 DeferStats& GetDeferStats();
 int64_t DeferThreshold();
+// Ops per part of an iteration of a loop that syncs every iteration (0: no
+// parts); TORCHTPU_DEFER_CHUNK_OPS, default 48. The setter returns the old value.
+int64_t DeferChunkOps();
+int64_t SetDeferChunkOps(int64_t n);
 
 // Materialized contiguous copy of a tpu tensor into host memory `dst`.
 void ReadToHost(const at::Tensor& src, void* dst);

@@ -69,6 +69,7 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   m.def("_set_mode", [](int mode) { tt::SetMode((tt::Mode)mode); });
+  m.def("_set_defer_chunk_ops", &tt::SetDeferChunkOps);
   m.def("_set_debug_nans", &tt::SetDebugNans);
   m.def("_get_debug_nans", &tt::DebugNans);
   m.def("_get_mode", []() { return (int)tt::GetMode(); });
