@@ -114,6 +114,9 @@ class GptRun:
         k = 3 if len(self.times) > 6 else 1
         return {"first_step_ms": self.times[0] * 1000, "first_step_compile_s": self.compile_s[0],
                 "first_two_steps_compile_s": self.compile_s[0] + self.compile_s[1],
+                # every compile of the run's synced steps (defer_and_fuse compiles a
+                # synced step's parts once the loop is known, at step 2 or 3)
+                "all_steps_compile_s": sum(self.compile_s),
                 "step_ms": statistics.median(self.times[k:]) * 1000,
                 # host time until the step's last op is recorded/dispatched (before loss.item())
                 "host_ms": statistics.median(self.host[k:]) * 1000,
