@@ -323,13 +323,13 @@ def test_defer_synced_loop_runs_in_parts(metrics, chunk):
     """A loop reading the loss every step is cut inside the step into parts
     of about `chunk` ops at fixed phases: the same programs every step (no
     compiles once warm), the same results as CPU; chunk 0 keeps one program
-    per step."""
+    per step. When the loop stops reading the loss, its steps run whole."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.GELU(),
                                 torch.nn.Linear(32, 32), torch.nn.LayerNorm(32), torch.nn.GELU(),
                                 torch.nn.Linear(32, 4))
     ref = copy.deepcopy(model)
-    xs = [torch.randn(8, 16) for _ in range(10)]
+    xs = [torch.randn(8, 16) for _ in range(15)]
     prev = torchtpu.set_defer_chunk_ops(chunk)
     try:
         with torchtpu.mode("defer_and_fuse"):
@@ -337,17 +337,26 @@ def test_defer_synced_loop_runs_in_parts(metrics, chunk):
             xd = [x.to(D) for x in xs]
             torch.tpu.synchronize()
             opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-            got, per_step = [], []
-            for x in xd:
-                m0 = torchtpu.metrics()
+
+            def step(x):
                 loss = model(x).square().mean()
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-                got.append(loss.item())
+                return loss
+
+            got, per_step = [], []
+            for x in xd[:10]:
+                m0 = torchtpu.metrics()
+                got.append(step(x).item())
                 m1 = torchtpu.metrics()
                 per_step.append((m1["programs"] - m0["programs"], m1["compiles"] - m0["compiles"],
                                  m1["flush_reasons"].get("loop_part", 0) - m0["flush_reasons"].get("loop_part", 0)))
+            pipelined = [step(xd[10]), step(xd[11])]
+            m0 = torchtpu.metrics()
+            pipelined += [step(x) for x in xd[12:]]  # cuts iterations 11..13
+            m1 = torchtpu.metrics()
+            got += [l.item() for l in pipelined]
     finally:
         torchtpu.set_defer_chunk_ops(prev)
     warm = per_step[4:]
@@ -358,8 +367,10 @@ def test_defer_synced_loop_runs_in_parts(metrics, chunk):
         assert programs >= 4 and parts == programs - 1, per_step
     else:
         assert programs == 1 and parts == 0, per_step
-    want = _cpu_losses(ref, xs)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    # no host read inside: whole iterations, one program each
+    assert m1["programs"] - m0["programs"] == 3, (m0, m1)
+    assert m1["flush_reasons"].get("loop_part", 0) == m0["flush_reasons"].get("loop_part", 0)
+    torch.testing.assert_close(got, _cpu_losses(ref, xs), rtol=1e-4, atol=1e-5)
     for a, b in zip(ref.parameters(), model.parameters()):
         torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=1e-5)
 

@@ -487,6 +487,9 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
     ds.flushes++;
     ds.ops_flushed += ops_;
     ds.flush_reasons[reason]++;
+    // an iteration ended with no host read: iterations overlap now, so the
+    // following ones run whole (parts are for loops syncing every iteration)
+    if (!std::strcmp(reason, "loop_boundary")) period_chunk_ = 0;
     if (std::strcmp(reason, "loop_boundary") && std::strcmp(reason, "loop_part") &&
         std::strcmp(reason, "loop_detected") && std::strcmp(reason, "size_threshold")) {
       // a host read or sync inside a loop: restart detection from here
