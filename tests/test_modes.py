@@ -306,16 +306,31 @@ def test_defer_size_threshold(pyrun):
     assert r.stdout.split() == ["2", "35.0"]
 
 
-def _cpu_losses(model, xs):
+def _mlp():
+    """A loop body of tens of ops (tinier bodies are grouped several per region)."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.GELU(),
+                               torch.nn.Linear(32, 32), torch.nn.LayerNorm(32), torch.nn.GELU(),
+                               torch.nn.Linear(32, 4))
+
+
+def _train_step(model):
+    """One AdamW training step of `model` on a batch, returning the loss."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    out = []
-    for x in xs:
+
+    def step(x):
         loss = model(x).square().mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        out.append(loss.item())
-    return out
+        return loss
+
+    return step
+
+
+def _cpu_losses(model, xs):
+    step = _train_step(model)
+    return [step(x).item() for x in xs]
 
 
 @pytest.mark.parametrize("chunk", [0, 8])
@@ -324,10 +339,7 @@ def test_defer_synced_loop_runs_in_parts(metrics, chunk):
     of about `chunk` ops at fixed phases: the same programs every step (no
     compiles once warm), the same results as CPU; chunk 0 keeps one program
     per step. When the loop stops reading the loss, its steps run whole."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.GELU(),
-                                torch.nn.Linear(32, 32), torch.nn.LayerNorm(32), torch.nn.GELU(),
-                                torch.nn.Linear(32, 4))
+    model = _mlp()
     ref = copy.deepcopy(model)
     xs = [torch.randn(8, 16) for _ in range(15)]
     prev = torchtpu.set_defer_chunk_ops(chunk)
@@ -336,15 +348,7 @@ def test_defer_synced_loop_runs_in_parts(metrics, chunk):
             model = model.to(D)
             xd = [x.to(D) for x in xs]
             torch.tpu.synchronize()
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-
-            def step(x):
-                loss = model(x).square().mean()
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                return loss
-
+            step = _train_step(model)
             got, per_step = [], []
             for x in xd[:10]:
                 m0 = torchtpu.metrics()
@@ -499,24 +503,12 @@ def test_defer_training_loop_one_program_per_step(metrics):
     steps is cut after one iteration, no multi-step region to compile), and
     the optimizer's temporaries are not materialized (the cut waits for the
     next iteration's first op, when they are dead)."""
-    torch.manual_seed(0)
-    # a loop body of tens of ops (tinier bodies are grouped several per region)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.GELU(),
-                                torch.nn.Linear(32, 32), torch.nn.LayerNorm(32), torch.nn.GELU(),
-                                torch.nn.Linear(32, 4))
+    model = _mlp()
     ref = copy.deepcopy(model)
     xs = [torch.randn(8, 16) for _ in range(12)]
     with torchtpu.mode("defer_and_fuse"):
         model = model.to(D)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-
-        def step(x):
-            loss = model(x).square().mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            return loss
-
+        step = _train_step(model)
         synced = [step(x.to(D)).item() for x in xs[:5]]
         m0 = torchtpu.metrics()
         pipelined = [step(x.to(D)) for x in xs[5:]]

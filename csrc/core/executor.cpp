@@ -399,7 +399,6 @@ std::atomic<int64_t>& DeferChunkOpsVar() {
   }()};
   return t;
 }
-int64_t DeferChunkOps() { return DeferChunkOpsVar().load(); }
 int64_t SetDeferChunkOps(int64_t n) {
   TORCH_CHECK(n >= 0, "torchtpu: defer chunk ops must be >= 0, got ", n);
   return DeferChunkOpsVar().exchange(n);
@@ -408,7 +407,7 @@ int64_t SetDeferChunkOps(int64_t n) {
 // Ops per part of an iteration of `period` ops (0: one part).
 size_t ChunkOps(size_t period) {
   constexpr size_t kMaxParts = 16;
-  size_t target = (size_t)DeferChunkOps();
+  size_t target = (size_t)DeferChunkOpsVar().load();
   if (target == 0 || period < 2 * target) return 0;
   size_t parts = std::min(kMaxParts, (period + target / 2) / target);
   return (period + parts - 1) / parts;
@@ -487,11 +486,12 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
     ds.flushes++;
     ds.ops_flushed += ops_;
     ds.flush_reasons[reason]++;
+    bool boundary = !std::strcmp(reason, "loop_boundary");
     // an iteration ended with no host read: iterations overlap now, so the
     // following ones run whole (parts are for loops syncing every iteration)
-    if (!std::strcmp(reason, "loop_boundary")) period_chunk_ = 0;
-    if (std::strcmp(reason, "loop_boundary") && std::strcmp(reason, "loop_part") &&
-        std::strcmp(reason, "loop_detected") && std::strcmp(reason, "size_threshold")) {
+    if (boundary) period_chunk_ = 0;
+    if (!boundary && std::strcmp(reason, "loop_part") && std::strcmp(reason, "loop_detected") &&
+        std::strcmp(reason, "size_threshold")) {
       // a host read or sync inside a loop: restart detection from here
       if (sigs_.size() >= kTinyLoopOps) {
         if (sigs_ == last_sigs_) known_loop_ = sigs_;

@@ -158,9 +158,8 @@ struct DeferStats {
 };
 DeferStats& GetDeferStats();
 int64_t DeferThreshold();
-// Ops per part of an iteration of a loop that syncs every iteration (0: no
-// parts); TORCHTPU_DEFER_CHUNK_OPS, default 48. The setter returns the old value.
-int64_t DeferChunkOps();
+// Sets the ops per part of an iteration of a loop that syncs every iteration
+// (0: no parts; initially TORCHTPU_DEFER_CHUNK_OPS, else 48); returns the old value.
 int64_t SetDeferChunkOps(int64_t n);
 
 // Materialized contiguous copy of a tpu tensor into host memory `dst`.
