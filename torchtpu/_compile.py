@@ -24,7 +24,8 @@ _ET = {torch.bool: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64
        torch.float32: 11, torch.float64: 12, torch.complex64: 13, torch.complex128: 14,
        torch.float8_e4m3fn: 15, torch.float8_e5m2: 16, torch.float8_e8m0fnu: 17}
 
-stats = {"graphs_compiled": 0, "graph_fallbacks": 0, "graph_calls": 0}
+stats = {"graphs_compiled": 0, "graph_fallbacks": 0, "graph_calls": 0, "graphs_loaded": 0,
+         "aot_cache_hits": 0, "aot_cache_misses": 0, "aot_cache_bypasses": 0}
 _fallback_reasons: dict[str, int] = {}
 
 
@@ -283,38 +284,43 @@ class _Lowerer:
         if cpu_mut:
             fn, used = _cpu_slice(self.gm, [src for _, src in cpu_mut], placeholders)
             self.cpu_updates = (fn, used, [k for k, _ in cpu_mut])
-        return _C._build_graph(str(id(self.gm)), self.next, input_ids, nodes, outputs, out_meta, mutations)
+        return {"build": (self.next, input_ids, nodes, outputs, out_meta, mutations),
+                "constants": self.constants, "cpu_outputs": self.cpu_outputs, "cpu_updates": self.cpu_updates}
+
+
+def _fall_back(reason: str) -> None:
+    stats["graph_fallbacks"] += 1
+    _fallback_reasons[reason] = _fallback_reasons.get(reason, 0) + 1
+    warnings.warn(f"torchtpu.compile: running this graph eagerly ({reason})")
 
 
 def _graph_compiler(gm: torch.fx.GraphModule, example_inputs):
-    from functorch.compile import make_boxed_func
-
-    from . import _C
-
-    eager = make_boxed_func(gm.forward)
-
-    def fall_back(reason):
-        stats["graph_fallbacks"] += 1
-        _fallback_reasons[reason] = _fallback_reasons.get(reason, 0) + 1
-        warnings.warn(f"torchtpu.compile: running this graph eagerly ({reason})")
+    """AOTAutograd's compiler for each forward/backward/inference graph: a GraphCode."""
+    from ._graph_code import GraphCode
 
     try:
-        lw = _Lowerer(gm)
-        graph = lw.run()
+        program = _Lowerer(gm).run()
     except Unsupported as e:
-        fall_back(str(e))
-        return eager
+        _fall_back(str(e))
+        return GraphCode(gm, None, str(e))
     stats["graphs_compiled"] += 1
-    consts = lw.constants
-    mutated = lw.mutated_inputs
-    cpu_outputs = lw.cpu_outputs
-    cpu_updates = lw.cpu_updates
+    return GraphCode(gm, program)
+
+
+def _runner(program: dict, cpu_updates, make_eager):
+    """The boxed function running a lowered graph (built on a GraphCode's first call);
+    make_eager() gives the eager fallback for a graph a lowering rejects."""
+    from . import _C
+
+    graph = _C._build_graph(str(id(program)), *program["build"])
+    consts = program["constants"]
+    cpu_outputs = program["cpu_outputs"]
     dev_consts: list[torch.Tensor] = []
-    state = {"eager": False}
+    state = {"eager": None}
 
     def run(args):
-        if state["eager"]:
-            return eager(args)
+        if state["eager"] is not None:
+            return state["eager"](args)
         if consts and not dev_consts:
             dev_consts.extend(c if c.device.type == "tpu" else c.to("tpu") for c in consts)
         stats["graph_calls"] += 1
@@ -330,9 +336,9 @@ def _graph_compiler(gm: torch.fx.GraphModule, example_inputs):
             # abandoned before anything is written; this graph runs eagerly from now on.
             stats["graph_calls"] -= 1
             stats["graphs_compiled"] -= 1
-            state["eager"] = True
-            fall_back(str(e).splitlines()[0].replace("torchtpu.compile: ", "")[:200])
-            return eager(args)
+            state["eager"] = make_eager()
+            _fall_back(str(e).splitlines()[0].replace("torchtpu.compile: ", "")[:200])
+            return state["eager"](args)
         if cpu_updates:
             for k, v in zip(cpu_updates[2], new_cpu):
                 args[k].copy_(v)
@@ -345,31 +351,48 @@ def _graph_compiler(gm: torch.fx.GraphModule, example_inputs):
     return run
 
 
-def _decompositions():
-    from torch._decomp import core_aten_decompositions
-
-    from . import _C
-
-    table = {}
-    for op, fn in core_aten_decompositions().items():
-        if isinstance(op, OpOverload) and _C._has_lowering(op_name(op)):
-            continue
-        table[op] = fn
-    return table
+_decomps = None
 
 
-_backend = None
+def _decomposition_table() -> dict:
+    """core ATen decompositions, less the ops the C++ core lowers natively."""
+    global _decomps
+    if _decomps is None:
+        from torch._decomp import core_aten_decompositions
+
+        from . import _C
+
+        _decomps = {op: fn for op, fn in core_aten_decompositions().items()
+                    if not (isinstance(op, OpOverload) and _C._has_lowering(op_name(op)))}
+    return _decomps
+
+
+_AOT_COUNTERS = {"autograd_cache_hit": "aot_cache_hits", "autograd_cache_miss": "aot_cache_misses",
+                 "autograd_cache_bypass": "aot_cache_bypasses"}
 
 
 def backend(gm, example_inputs, **kwargs):
-    """The Dynamo backend registered as "tpu"."""
-    global _backend
-    if _backend is None:
-        from torch._dynamo.backends.common import aot_autograd
+    """The Dynamo backend registered as "tpu".
 
-        _backend = aot_autograd(fw_compiler=_graph_compiler, bw_compiler=_graph_compiler,
-                                decompositions=_decompositions(), keep_inference_input_mutations=True)
-    return _backend(gm, example_inputs, **kwargs)
+    With the persistent cache on, AOTAutograd's own cache stores each graph's
+    result (a GraphCode) under TORCHTPU_CACHE_DIR, so a restart skips tracing."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.utils import counters
+    from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+
+    from ._graph_code import GraphCode, aot_cache_scope
+
+    with aot_cache_scope() as cached:
+        # a new AotAutograd per graph: it wraps its backward compiler on every call
+        fw = SerializableAOTDispatchCompiler(GraphCode, _graph_compiler) if cached else _graph_compiler
+        aot = aot_autograd(fw_compiler=fw, bw_compiler=_graph_compiler, decompositions=_decomposition_table(),
+                           keep_inference_input_mutations=True)
+        before = {k: counters["aot_autograd"][k] for k in _AOT_COUNTERS}
+        try:
+            return aot(gm, example_inputs, **kwargs)
+        finally:
+            for k, name in _AOT_COUNTERS.items():
+                stats[name] += counters["aot_autograd"][k] - before[k]
 
 
 _REGISTRY = "torch._dynamo.backends.registry"
