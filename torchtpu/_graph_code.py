@@ -67,12 +67,15 @@ def _from_source(src: tuple) -> torch.fx.GraphModule:
 
 def _fingerprint() -> str:
     """What a cached graph depends on besides torch's key: this lowering code and which
-    ops the C++ core lowers (that decides the decompositions AOTAutograd applies)."""
+    ops the C++ core lowers (that decides the decompositions AOTAutograd applies and
+    whether a graph lowers at all)."""
+    from . import _C
+
     h = hashlib.sha256()
     for path in (_compile.__file__, __file__):
         with open(path, "rb") as f:
             h.update(f.read())
-    h.update(repr(sorted(str(op) for op in _compile._decomposition_table())).encode())
+    h.update(repr(sorted(_C._lowered_ops())).encode())
     return "torchtpu-" + h.hexdigest()[:24]
 
 
