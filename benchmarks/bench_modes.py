@@ -15,7 +15,10 @@ Reports:
     with each synced step one region (torchtpu.set_defer_chunk_ops(0)), to
     show what running the step in parts gains;
   * elementwise chain: 50 x (+1, *2, -1) on a 1M-element float tensor, then
-    .cpu(): time per mode and the defer/strict speed-up.
+    .cpu(): time per mode and the defer/strict speed-up, measured twice: in
+    this process after the GPT runs ("chain"; the allocator is warm, so
+    strict's fresh 4 MB output per op costs no page faults) and in a fresh
+    process of its own ("chain_fresh_process", `--chain-only`).
 """
 from __future__ import annotations
 
@@ -153,16 +156,32 @@ def elementwise_chain(modes, reps: int) -> dict:
     return {m: {"ms": statistics.median(t) * 1000} for m, t in times.items()}
 
 
+def _chain(reps: int) -> dict:
+    r = elementwise_chain(("strict", "defer_and_fuse"), reps)
+    r["speedup_defer_vs_strict"] = r["strict"]["ms"] / r["defer_and_fuse"]["ms"]
+    return r
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--json", default=None)
     ap.add_argument("--repeat", type=int, default=3, help="alternating pipelined runs and chain runs per mode (medians reported)")
+    ap.add_argument("--chain-only", action="store_true", help="only the elementwise chain (this process)")
     ap.add_argument("--batches", default="16,2",
                     help="GPT batch sizes; 16 is bound by XLA:CPU compute, 2 by host dispatch (as on an accelerator)")
     args = ap.parse_args()
     torch.manual_seed(0)
     res = {}
+    if args.chain_only:
+        print(json.dumps(_chain(9 * args.repeat)))
+        return
+    # the chain in a fresh process first, then (below) in this one after the GPT runs
+    import subprocess
+
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--chain-only", "--repeat", str(args.repeat)],
+                         check=True, capture_output=True, text=True).stdout
+    res["chain_fresh_process"] = json.loads(out.strip().splitlines()[-1])
     for b in (int(v) for v in args.batches.split(",")):
         r = res[f"gpt_batch_{b}"] = {}
         # defer_and_fuse_chunk0: each synced step one region (no parts), to
@@ -180,8 +199,7 @@ def main() -> None:
         r["speedup_defer_vs_strict"] = r["strict"]["step_ms"] / r["defer_and_fuse"]["step_ms"]
         r["speedup_defer_chunk0_vs_strict"] = r["strict"]["step_ms"] / r["defer_and_fuse_chunk0"]["step_ms"]
         r["speedup_defer_vs_strict_pipelined"] = r["strict"]["pipelined_ms"] / r["defer_and_fuse"]["pipelined_ms"]
-    res["chain"] = elementwise_chain(("strict", "defer_and_fuse"), 9 * args.repeat)
-    res["chain"]["speedup_defer_vs_strict"] = res["chain"]["strict"]["ms"] / res["chain"]["defer_and_fuse"]["ms"]
+    res["chain"] = _chain(9 * args.repeat)
     print(json.dumps(res, indent=2))
     if args.json:
         with open(args.json, "w") as f:
