@@ -296,6 +296,26 @@ def test_defer_elementwise_chain_is_one_program(metrics):
     torch.testing.assert_close(got, ref)
 
 
+def test_defer_host_read_of_an_earlier_result_leaves_the_region_alone(metrics):
+    # loss comes from an earlier program; reading it flushes the pending region
+    # (host_read) but adds nothing to it, so the read waits for loss's program only
+    x = torch.randn(1000, device=D)
+    with torchtpu.mode("defer_and_fuse"):
+        loss = (x * 2).sum()
+        torch.tpu.synchronize()
+        z1 = (x + 1) * 3
+        torch.tpu.synchronize()  # this region's program, flushed by a sync
+        torchtpu.reset_metrics()
+        z2 = (x + 1) * 3
+        v = loss.item()  # the same region, flushed by the read: the same program
+        m = metrics()
+    assert m["flush_reasons"] == {"host_read": 1}
+    assert m["executions"] == 1 and m["compiles"] == 0 and m["cache_misses"] == 0
+    assert v == pytest.approx((x.cpu() * 2).sum().item(), rel=1e-5)
+    torch.testing.assert_close(z2.cpu(), (x.cpu() + 1) * 3)
+    torch.testing.assert_close(z1.cpu(), z2.cpu())
+
+
 def test_defer_size_threshold(pyrun):
     r = pyrun("import torch, torchtpu\ntorchtpu.set_mode('defer_and_fuse')\nx = torch.ones(10, device='tpu')\n"
               "torch.tpu.synchronize(); torchtpu.reset_metrics()\n"

@@ -586,9 +586,13 @@ void ReadToHost(const at::Tensor& src, void* dst) {
   ET et = ToET(src.scalar_type());
   pjrt::BufferPtr buf;
   bool whole = src.storage_offset() == 0 && src.is_contiguous() && src.numel() * src.element_size() == st->nbytes;
-  if (whole && !r.empty() && st->region_epoch == r.epoch() && st->slot >= 0) {
-    // A deferred whole storage: the flush materializes it anyway (no extra
-    // copy as a separate result).
+  if (whole && !r.empty()) {
+    // A whole storage: flush first (a host read ends the region). If the
+    // region writes the storage, the flush materializes it anyway (no extra
+    // copy as a separate result); if not, its buffer comes from an earlier
+    // program, and the read waits for that program only, not for the one
+    // just launched (a loss computed in a step's first part is read while
+    // the step's later parts still run).
     r.Flush(false, "host_read");
   }
   if (r.empty() && st->buf && st->et == et && src.storage_offset() == 0 && src.is_contiguous() &&
