@@ -316,6 +316,22 @@ def test_defer_host_read_of_an_earlier_result_leaves_the_region_alone(metrics):
     torch.testing.assert_close(z1.cpu(), z2.cpu())
 
 
+def test_defer_scalars_coinciding_by_chance_do_not_recompile(metrics):
+    # scalars are program arguments; two that happen to be equal (a bias
+    # correction reaching 1.0) must not merge into one and change the program
+    x = torch.randn(64, device=D)
+    with torchtpu.mode("defer_and_fuse"):
+        outs = []
+        for a, b in [(0.5, 0.25), (0.5, 0.5), (0.3, 0.7), (1.0, 1.0)]:
+            outs.append((x * a + b).cpu())
+            if len(outs) == 1:
+                torchtpu.reset_metrics()
+        m = metrics()
+    assert m["compiles"] == 0 and m["cache_misses"] == 0
+    for (a, b), got in zip([(0.5, 0.25), (0.5, 0.5), (0.3, 0.7), (1.0, 1.0)], outs):
+        torch.testing.assert_close(got, x.cpu() * a + b)
+
+
 def test_defer_size_threshold(pyrun):
     r = pyrun("import torch, torchtpu\ntorchtpu.set_mode('defer_and_fuse')\nx = torch.ones(10, device='tpu')\n"
               "torch.tpu.synchronize(); torchtpu.reset_metrics()\n"

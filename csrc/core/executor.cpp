@@ -176,6 +176,7 @@ void Region::Reset() {
   args_.clear();
   arg_src_.clear();
   buf_args_.clear();
+  op_scalars_.clear();
   slots_.clear();
   extra_.clear();
   ops_ = 0;
@@ -334,7 +335,20 @@ pjrt::BufferPtr Region::ScalarBuffer(const c10::Scalar& s, ET et) {
   return buf;
 }
 
-Value Region::Scalar(const c10::Scalar& s, ET et) { return BufferArg(ScalarBuffer(s, et), Type(et, {})); }
+Value Region::Scalar(const c10::Scalar& s, ET et) {
+  pjrt::BufferPtr buf = ScalarBuffer(s, et);  // cached per (type, value)
+  std::string key(reinterpret_cast<const char*>(&et), sizeof et);
+  const pjrt::Buffer* p = buf.get();
+  key.append(reinterpret_cast<const char*>(&p), sizeof p);
+  auto it = op_scalars_.find(key);
+  if (it != op_scalars_.end()) return it->second;
+  Value v = b_->Arg(Type(et, {}));
+  args_.push_back(buf);
+  arg_src_.push_back({});
+  arg_src_.back().constant = buf;
+  op_scalars_[key] = v;
+  return v;
+}
 
 Value Region::ScalarInput(const c10::Scalar& s, ET et, int index) {
   Value v = b_->Arg(Type(et, {}));

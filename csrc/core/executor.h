@@ -62,6 +62,7 @@ class Region {
   // temporaries the finished iteration's Python frames still held (the
   // optimizer's intermediate lists) are dead by then and never materialized.
   void BeginOp() {
+    op_scalars_.clear();
     if (cut_pending_) {
       const char* reason = cut_pending_;
       cut_pending_ = nullptr;
@@ -133,6 +134,11 @@ class Region {
   std::vector<Record::Arg> arg_src_;  // parallel to args_
   Record* rec_ = nullptr;
   std::unordered_map<const pjrt::Buffer*, hlo::Value> buf_args_;
+  // This op's scalar arguments by (type, value): equal values share one
+  // argument within an op, never across ops, so that values coinciding by
+  // chance (a bias correction reaching 1.0) cannot change a region's
+  // structure and recompile it.
+  std::unordered_map<std::string, hlo::Value> op_scalars_;
   std::vector<Slot> slots_;
   std::vector<hlo::Value> extra_;
   uint64_t epoch_ = 0;
