@@ -309,9 +309,9 @@ void Region::Write(const at::Tensor& t, Value v) {
   slots_[si].written = true;
 }
 
-pjrt::BufferPtr Region::ScalarBuffer(const c10::Scalar& s, ET et) {
-  // Cached one-element device buffers, keyed by (type, bits).
-  static std::unordered_map<std::string, pjrt::BufferPtr> cache;
+namespace {
+// (type, bits) of a scalar as element type et: the key of its cached buffer.
+std::string ScalarKey(const c10::Scalar& s, ET et) {
   char bytes[16] = {0};
   int nb = hlo::ETBytes(et);
   switch (et) {
@@ -327,21 +327,27 @@ pjrt::BufferPtr Region::ScalarBuffer(const c10::Scalar& s, ET et) {
   }
   std::string key(1, (char)et);
   key.append(bytes, nb);
+  return key;
+}
+}  // namespace
+
+pjrt::BufferPtr Region::ScalarBuffer(const c10::Scalar& s, ET et) {
+  // Cached one-element device buffers, keyed by (type, bits).
+  static std::unordered_map<std::string, pjrt::BufferPtr> cache;
+  std::string key = ScalarKey(s, et);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  pjrt::BufferPtr buf = Runtime::Get().Upload(bytes, ToPjrt(et), {}, nb);
+  pjrt::BufferPtr buf = Runtime::Get().Upload(key.data() + 1, ToPjrt(et), {}, (int64_t)key.size() - 1);
   if (cache.size() > 4096) cache.clear();
   cache[key] = buf;
   return buf;
 }
 
 Value Region::Scalar(const c10::Scalar& s, ET et) {
-  pjrt::BufferPtr buf = ScalarBuffer(s, et);  // cached per (type, value)
-  std::string key(reinterpret_cast<const char*>(&et), sizeof et);
-  const pjrt::Buffer* p = buf.get();
-  key.append(reinterpret_cast<const char*>(&p), sizeof p);
+  std::string key = ScalarKey(s, et);
   auto it = op_scalars_.find(key);
   if (it != op_scalars_.end()) return it->second;
+  pjrt::BufferPtr buf = ScalarBuffer(s, et);  // cached per (type, value)
   Value v = b_->Arg(Type(et, {}));
   args_.push_back(buf);
   arg_src_.push_back({});
