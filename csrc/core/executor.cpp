@@ -191,15 +191,18 @@ void Region::Abandon() {
   Reset();
 }
 
-Value Region::BufferArg(const pjrt::BufferPtr& buf, const Type& t) {
-  auto it = buf_args_.find(buf.get());
-  if (it != buf_args_.end() && it->second.type == t) return it->second;
+Value Region::NewBufferArg(const pjrt::BufferPtr& buf, const Type& t) {
   Value v = b_->Arg(t);
   args_.push_back(buf);
   arg_src_.push_back({});
   arg_src_.back().constant = buf;
-  buf_args_[buf.get()] = v;
   return v;
+}
+
+Value Region::BufferArg(const pjrt::BufferPtr& buf, const Type& t) {
+  auto it = buf_args_.find(buf.get());
+  if (it != buf_args_.end() && it->second.type == t) return it->second;
+  return buf_args_[buf.get()] = NewBufferArg(buf, t);
 }
 
 int Region::SlotFor(const StatePtr& st, ET want) {
@@ -329,12 +332,10 @@ std::string ScalarKey(const c10::Scalar& s, ET et) {
   key.append(bytes, nb);
   return key;
 }
-}  // namespace
 
-pjrt::BufferPtr Region::ScalarBuffer(const c10::Scalar& s, ET et) {
-  // Cached one-element device buffers, keyed by (type, bits).
+// Cached one-element device buffers, by ScalarKey.
+pjrt::BufferPtr KeyedScalarBuffer(const std::string& key, ET et) {
   static std::unordered_map<std::string, pjrt::BufferPtr> cache;
-  std::string key = ScalarKey(s, et);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   pjrt::BufferPtr buf = Runtime::Get().Upload(key.data() + 1, ToPjrt(et), {}, (int64_t)key.size() - 1);
@@ -342,18 +343,15 @@ pjrt::BufferPtr Region::ScalarBuffer(const c10::Scalar& s, ET et) {
   cache[key] = buf;
   return buf;
 }
+}  // namespace
+
+pjrt::BufferPtr Region::ScalarBuffer(const c10::Scalar& s, ET et) { return KeyedScalarBuffer(ScalarKey(s, et), et); }
 
 Value Region::Scalar(const c10::Scalar& s, ET et) {
   std::string key = ScalarKey(s, et);
   auto it = op_scalars_.find(key);
   if (it != op_scalars_.end()) return it->second;
-  pjrt::BufferPtr buf = ScalarBuffer(s, et);  // cached per (type, value)
-  Value v = b_->Arg(Type(et, {}));
-  args_.push_back(buf);
-  arg_src_.push_back({});
-  arg_src_.back().constant = buf;
-  op_scalars_[key] = v;
-  return v;
+  return op_scalars_[key] = NewBufferArg(KeyedScalarBuffer(key, et), Type(et, {}));
 }
 
 Value Region::ScalarInput(const c10::Scalar& s, ET et, int index) {

@@ -133,6 +133,8 @@ class Region {
   std::vector<pjrt::BufferPtr> args_;
   std::vector<Record::Arg> arg_src_;  // parallel to args_
   Record* rec_ = nullptr;
+  // A new program argument bound to buf (BufferArg: one per buffer).
+  hlo::Value NewBufferArg(const pjrt::BufferPtr& buf, const hlo::Type& t);
   std::unordered_map<const pjrt::Buffer*, hlo::Value> buf_args_;
   // This op's scalar arguments by (type, value): equal values share one
   // argument within an op, never across ops, so that values coinciding by
