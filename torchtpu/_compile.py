@@ -280,7 +280,6 @@ class _Lowerer:
                 continue
             else:
                 raise Unsupported(f"node kind {n.op}")
-        self.mutated_inputs = {m[0] for m in mutations}
         if cpu_mut:
             fn, used = _cpu_slice(self.gm, [src for _, src in cpu_mut], placeholders)
             self.cpu_updates = (fn, used, [k for k, _ in cpu_mut])
