@@ -939,8 +939,29 @@ void CpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
 }
 
+// `param.data = t`, `Module.to` and `set_data` ask whether a tensor may take
+// another's TensorImpl fields. TensorImpl's own rule knows only the built-in
+// dense backends (CPU, CUDA, ...), so a CPU parameter moved to tpu would get a
+// new Parameter per module and tied weights would come untied. Dense strided
+// tensors of tpu and of those backends are compatible, as CPU and CUDA are.
+static bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  if (self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set())) return true;
+  auto dense = [](const at::Tensor& t) {
+    if (t.layout() != c10::kStrided || t.is_quantized() || t.is_nested()) return false;
+    switch (t.device().type()) {
+      case c10::kPrivateUse1: case c10::kCPU: case c10::kCUDA: case c10::kMPS: case c10::kHIP:
+      case c10::kXPU: case c10::kHPU: case c10::kMTIA:
+        return true;
+      default:
+        return false;
+    }
+  };
+  return dense(self) && dense(from);
+}
+
 // ---------------------------------------------------------------- registration
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided_tpu);
   m.impl("as_strided", at::native::as_strided_tensorimpl);
