@@ -1,5 +1,6 @@
 // ATen kernels for the tpu device: tensor creation, views, copies, and the
 // generic native kernel that runs any op found in the lowering registry.
+#include <c10/util/strides.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -573,6 +574,60 @@ void DebugValidateOutputs(const std::string& name, const MetaResult& mr, const s
 
 }  // namespace
 
+// Output metadata for ops whose PyTorch meta kernel encodes CUDA-only limits
+// (torch._grouped_mm's demands bf16 and 16-byte aligned strides; transformers'
+// MoE layers call it in every dtype on non-CPU devices). nullptr: use the
+// meta kernel.
+static std::shared_ptr<MetaResult> OwnMeta(const std::string& name, const std::vector<c10::IValue>& args) {
+  if (name != "aten::_grouped_mm" || args.size() < 5) return nullptr;
+  const at::Tensor& a = args[0].toTensor();
+  const at::Tensor& b = args[1].toTensor();
+  const char* op = "torch._grouped_mm: ";
+  TORCH_CHECK(a.dim() == 2 || a.dim() == 3, op, "mat_a must be 2D or 3D, got ", a.dim(), "D");
+  TORCH_CHECK(b.dim() == 2 || b.dim() == 3, op, "mat_b must be 2D or 3D, got ", b.dim(), "D");
+  TORCH_CHECK(a.scalar_type() == b.scalar_type() && at::isFloatingType(a.scalar_type()), op,
+              "mat_a and mat_b must have the same floating dtype, got ", a.scalar_type(), " and ",
+              b.scalar_type());
+  TORCH_CHECK(args[3].isNone(), op, "bias is not supported (as on CUDA)");
+  const bool a2 = a.dim() == 2, b2 = b.dim() == 2;
+  const bool has_offs = !args[2].isNone() && args[2].toTensor().defined();
+  TORCH_CHECK(has_offs == (a2 || b2), op,
+              a2 || b2 ? "offs is required when mat_a or mat_b is 2D" : "offs must be None for 3D x 3D");
+  if (!a2 || !b2)
+    TORCH_CHECK(a.size(-1) == b.size(-2), op, "contraction dimension of mat_a and mat_b must match, got ",
+                a.sizes(), " and ", b.sizes());
+  std::vector<int64_t> sizes;
+  if (has_offs) {
+    const at::Tensor& offs = args[2].toTensor();
+    TORCH_CHECK(offs.dim() == 1 && (offs.scalar_type() == at::kInt || offs.scalar_type() == at::kLong), op,
+                "offs must be a 1-D int32 tensor, got ", offs.sizes(), " ", offs.scalar_type());
+    int64_t g = offs.size(0);
+    if (a2 && b2) {
+      TORCH_CHECK(a.size(1) == b.size(0), op, "mat_a ", a.sizes(), " and mat_b ", b.sizes(),
+                  " must share the grouped dimension K");
+      sizes = {g, a.size(0), b.size(1)};
+    } else if (a2) {
+      TORCH_CHECK(b.size(0) == g, op, "offs has ", g, " groups but mat_b has ", b.size(0));
+      sizes = {a.size(0), b.size(2)};
+    } else {
+      TORCH_CHECK(a.size(0) == g, op, "offs has ", g, " groups but mat_a has ", a.size(0));
+      sizes = {a.size(1), b.size(1)};
+    }
+  } else {
+    TORCH_CHECK(a.size(0) == b.size(0), op, "batch sizes must match, got ", a.sizes(), " and ", b.sizes());
+    sizes = {a.size(0), a.size(1), b.size(2)};
+  }
+  OutSpec o;
+  o.sizes = sizes;
+  auto st = c10::contiguous_strides(sizes);
+  o.strides.assign(st.begin(), st.end());
+  o.dtype = args[4].isNone() ? a.scalar_type() : args[4].toScalarType();
+  auto mr = std::make_shared<MetaResult>();
+  mr->rets.emplace_back();
+  mr->rets.back().tensors.push_back(std::move(o));
+  return mr;
+}
+
 // What NativeKernel needs to know about an operator besides its arguments,
 // computed once per schema (the dispatcher's schemas live for the process).
 struct OpStatic {
@@ -629,6 +684,7 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     // lowering validates the lists.
     mr = std::make_shared<MetaResult>();
   }
+  if (!mr) mr = OwnMeta(name, args);
   if (!mr) {
     MetaConv mc;
     torch::jit::Stack mstack;

@@ -88,3 +88,64 @@ TT_LOWERINGS(({"aten::_addmm_activation", "aten::_addmm_activation.out"}), Addmm
 
 }  // namespace
 }  // namespace tt::ops
+
+namespace tt::ops {
+namespace {
+
+// torch._grouped_mm: products of groups cut by offs (cumulative group ends,
+// int32), in every float dtype, f16/bf16 accumulating in f32.
+//   2D x 3D: rows of a in group g times b[g]          -> (M, N)
+//   3D x 2D: a[g] times columns of b in group g        -> (M, N)
+//   2D x 2D: a[:, K in g] @ b[K in g, :] for each g    -> (G, M, N)
+//   3D x 3D: bmm (no offs)                             -> (G, M, N)
+// Lowered densely: every group's product, then a one-hot select of each
+// row's (column's, K's) group, summed over groups. Rows past offs[-1] are 0.
+std::vector<Value> GroupedMm(LowerCtx& c) {
+  Builder& b = c.b;
+  const ET et = c.out().et;
+  const ET ct = ComputeType(et);
+  Value x = c.t(0), w = c.t(1);
+  ET in = x.et();
+  if (!c.has(2)) return {Matmul(b, x, w, et)};
+  Value offs = Cast(b, c.t(2), ET::S64);
+  const int64_t g = offs.dims()[0];
+  // Group of each position 0..n-1 along the grouped dimension: #ends <= pos.
+  auto group_of = [&](int64_t n) {
+    Value pos = b.Iota(Type(ET::S64, {n, g}), 0);
+    Value ends = b.Broadcast(offs, {n, g}, {1});
+    return SumDims(b, b.Compare(ends, pos, "LE"), {1}, false, ET::S64);  // (n)
+  };
+  // one-hot (n, g): position n is in group g
+  auto onehot = [&](int64_t n) {
+    Value gid = b.Broadcast(group_of(n), {n, g}, {0});
+    return b.Compare(gid, b.Iota(Type(ET::S64, {n, g}), 1), "EQ");
+  };
+  auto Dot = [&](Value l, Value r, const Dims& lb, const Dims& rb, const Dims& lc, const Dims& rc, Dims od) {
+    return b.DotGeneral(Cast(b, l, in), Cast(b, r, in), lb, rb, lc, rc, Type(ct, std::move(od)));
+  };
+  const Dims& xd = x.dims();
+  const Dims& wd = w.dims();
+  Value r;
+  if (x.rank() == 2 && w.rank() == 3) {  // (M, K) x (G, K, N)
+    int64_t m = xd[0], n = wd[2];
+    Value all = Dot(x, w, {}, {}, {1}, {1}, {m, g, n});  // (M, G, N)
+    Value mask = b.Broadcast(onehot(m), {m, g, n}, {0, 1});
+    r = SumDims(b, b.Select(mask, all, b.Zeros(all.type)), {1}, false, ct);
+  } else if (x.rank() == 3 && w.rank() == 2) {  // (G, M, K) x (K, N)
+    int64_t m = xd[1], n = wd[1];
+    Value all = Dot(x, w, {}, {}, {2}, {0}, {g, m, n});  // (G, M, N)
+    Value mask = b.Broadcast(onehot(n), {g, m, n}, {2, 0});
+    r = SumDims(b, b.Select(mask, all, b.Zeros(all.type)), {0}, false, ct);
+  } else {  // (M, K) x (K, N): K grouped -> (G, M, N)
+    int64_t m = xd[0], k = xd[1], n = wd[1];
+    Value mask = b.Broadcast(onehot(k), {g, m, k}, {2, 0});
+    Value xg = b.Broadcast(x, {g, m, k}, {1, 2});
+    xg = b.Select(mask, xg, b.Zeros(xg.type));
+    r = Dot(xg, w, {}, {}, {2}, {0}, {g, m, n});
+  }
+  return {Cast(b, r, et)};
+}
+TT_LOWERING("aten::_grouped_mm", GroupedMm);
+
+}  // namespace
+}  // namespace tt::ops

@@ -1,5 +1,5 @@
 // Sort / select: sort (stable, descending; values + indices), topk, kthvalue,
-// median / nanmedian, mode, cummax / cummin, searchsorted / bucketize.
+// median / nanmedian, mode, cummax / cummin, searchsorted / bucketize, histc.
 // Sorting is one stablehlo.sort over (keys, iota) with is_stable = true and
 // a comparator that orders NaN as the largest value (as PyTorch does).
 #include <algorithm>
@@ -7,6 +7,7 @@
 
 #include "registry.h"
 #include "sort_util.h"
+#include "nn_util.h"
 
 namespace tt::ops {
 
@@ -343,6 +344,58 @@ std::vector<Value> Bucketize(LowerCtx& c) {
 }
 TT_LOWERINGS(({"aten::bucketize.Tensor", "aten::bucketize.Tensor_out", "aten::bucketize.Scalar",
                "aten::bucketize.Scalar_out"}), Bucketize);
+
+// ---- histc ----
+// Float inputs follow CPU's kernel: the range [min, max] (the data's extrema
+// when min == max, widened by 1 each way when still equal, in double), then
+// bin = int64((x - lo) * bins / (hi - lo)) in the input dtype, the last bin
+// closed. Integer inputs (CPU has no kernel) follow CUDA's: the same formula
+// in int64. Values outside the range (and NaN) are not counted. All of it is
+// computed in the program, so min/max stay program arguments. A non-finite
+// float range (CPU raises) gives NaN counts.
+std::vector<Value> Histc(LowerCtx& c) {
+  Builder& b = c.b;
+  const Type& o = c.out();
+  const ET et = o.et;
+  if (IsBool(et) || IsComplex(et)) c.fail(std::string("not implemented for dtype ") + hlo::ETName(et));
+  const bool fp = IsFloat(et);
+  const int64_t bins = o.dims[0];
+  Value x = b.Reshape(c.t(0), {c.t(0).type.numel()});
+  const int64_t n = x.dims()[0];
+  // The range: f64 for floats (CPU widens in double), else the input type
+  // (CUDA converts min/max to it), computed in int64.
+  const ET rt = fp ? ET::F64 : ET::S64;
+  Value lo = Cast(b, c.scalar(2, fp ? ET::F64 : et), rt), hi = Cast(b, c.scalar(3, fp ? ET::F64 : et), rt);
+  if (n > 0) {
+    Value same = b.Compare(lo, hi, "EQ");
+    Value dmin = Cast(b, b.Reduce(x, MinMaxInit(b, et, false), {0}, "minimum"), rt);
+    Value dmax = Cast(b, b.Reduce(x, MinMaxInit(b, et, true), {0}, "maximum"), rt);
+    lo = b.Select(same, dmin, lo);
+    hi = b.Select(same, dmax, hi);
+  }
+  Value widen = b.Compare(lo, hi, "EQ");
+  lo = b.Select(widen, b.Sub(lo, b.ScalarConst(rt, 1)), lo);
+  hi = b.Select(widen, b.Add(hi, b.ScalarConst(rt, 1)), hi);
+  // Per element: the bin, and whether it is counted.
+  const ET ct = fp ? et : ET::S64;
+  Value xl = Cast(b, x, ct);
+  Value l = b.BroadcastTo(Cast(b, lo, ct), {n}), h = b.BroadcastTo(Cast(b, hi, ct), {n});
+  Value in = b.Binary("and", b.Compare(xl, l, "GE"), b.Compare(xl, h, "LE"));
+  Value pos = b.Div(b.Mul(b.Sub(xl, l), b.Splat(Type(ct, {n}), (double)bins)), b.Sub(h, l));
+  pos = Cast(b, pos, ET::S64);
+  pos = b.Min(pos, b.Splat(Type(ET::S64, {n}), (double)(bins - 1)));
+  // One-hot counts: [n, bins] compare, summed over n.
+  Value hit = b.Compare(b.Broadcast(pos, {n, bins}, {0}), b.Iota(Type(ET::S64, {n, bins}), 1), "EQ");
+  hit = b.Binary("and", hit, b.Broadcast(in, {n, bins}, {0}));
+  Value counts = Cast(b, SumDims(b, hit, {0}, false, ET::S64), et);
+  if (fp) {
+    auto finite = [&](Value v) { return b.Op1("stablehlo.is_finite", {v}, Type(ET::PRED, {})); };
+    Value ok = b.BroadcastTo(b.Binary("and", finite(lo), finite(hi)), {bins});
+    counts = b.Select(ok, counts, b.Splat(o, NAN));
+  }
+  return {counts};
+}
+TT_LOWERINGS(({"aten::histc", "aten::histc.out"}), Histc);
 
 }  // namespace
 
