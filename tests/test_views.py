@@ -427,3 +427,34 @@ def test_aliasing_in_other_modes(mode):
             y = x[1:3] + x[2:4]
             x[0].copy_(y[0])
         same(t, c)
+
+
+@pytest.mark.parametrize("op", ["add_", "sub_", "mul_", "div_", "atan2_", "pow_", "copysign_", "fmod_", "hypot_"])
+def test_inplace_op_with_self_as_other_argument(op):
+    # x.sub_(x) passes one tensor twice; the result must land in x
+    # (transformers' Trainer resets its loss with `tr_loss -= tr_loss`).
+    c = torch.tensor([[4.0, -5.0], [0.5, 3.0]])
+    x = c.to("tpu")
+    r = getattr(x, op)(x)
+    getattr(c, op)(c)
+    assert r is x
+    torch.testing.assert_close(x.cpu(), c, equal_nan=True)
+
+
+def test_inplace_self_aliasing_multi_argument_and_foreach():
+    c = torch.tensor([1.5, -2.0, 3.0])
+    x = c.to("tpu")
+    x.addcmul_(x, x, value=0.5)
+    c.addcmul_(c, c, value=0.5)
+    torch.testing.assert_close(x.cpu(), c)
+    xs, cs = [c.to("tpu"), (c * 2).to("tpu")], [c.clone(), c * 2]
+    torch._foreach_sub_(xs, xs)
+    torch._foreach_sub_(cs, cs)
+    for a, b in zip(xs, cs):
+        torch.testing.assert_close(a.cpu(), b)
+    tr = torch.tensor(0.0, device="tpu")
+    for step in range(3):
+        tr += torch.tensor(4.0, device="tpu")
+        assert tr.item() == 4.0
+        tr -= tr
+        assert tr.item() == 0.0

@@ -242,11 +242,18 @@ namespace {
 
 struct MetaConv {
   std::unordered_map<const c10::TensorImpl*, at::Tensor> meta_to_real;
+  // One meta tensor per real tensor: `x.sub_(x)` passes x twice, and the
+  // meta kernel's returned self must map back to x (else the result would go
+  // to a new tensor and x would stay unchanged).
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> real_to_meta;
   at::Tensor ToMeta(const at::Tensor& t) {
     if (!t.defined() || !IsTpu(t)) return t;
+    auto it = real_to_meta.find(t.unsafeGetTensorImpl());
+    if (it != real_to_meta.end()) return it->second;
     at::Tensor m = at::empty_strided(t.sizes(), t.strides(),
                                      t.options().device(c10::kMeta));
     meta_to_real[m.unsafeGetTensorImpl()] = t;
+    real_to_meta[t.unsafeGetTensorImpl()] = m;
     return m;
   }
   c10::IValue Convert(const c10::IValue& v) {
