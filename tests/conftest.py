@@ -7,6 +7,9 @@ import warnings
 # Import torchtpu explicitly from this checkout: an installed torchtpu's
 # torch.backends entry point (possibly another version) must not load first.
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+# Compile-count assertions assume every new program compiles on first use:
+# strict mode's host tier is off unless a test turns it on (host_tier fixture).
+os.environ.setdefault("TORCHTPU_HOST_TIER", "0")
 # Tests use a private persistent cache unless the caller chose one.
 os.environ.setdefault("TORCHTPU_CACHE_DIR", tempfile.mkdtemp(prefix="torchtpu-test-cache-"))
 
@@ -40,6 +43,14 @@ def run_py(code: str, env: dict | None = None, timeout: int = 60) -> subprocess.
 @pytest.fixture
 def pyrun():
     return run_py
+
+
+@pytest.fixture
+def host_tier():
+    """Strict mode's host tier on (2 runs before compiling), as users get it."""
+    prev = torchtpu._C._set_host_tier_runs(2)
+    yield
+    torchtpu._C._set_host_tier_runs(prev)
 
 
 @pytest.fixture

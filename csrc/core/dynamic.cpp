@@ -8,6 +8,7 @@
 #include <ATen/ExpandUtils.h>
 #include <torch/library.h>
 
+#include "executor.h"
 #include "runtime.h"
 
 namespace tt {
@@ -15,7 +16,23 @@ namespace {
 
 int64_t CountTrue(const at::Tensor& mask_bool) { return mask_bool.sum().item<int64_t>(); }
 
+// Small inputs in strict mode: the op synchronizes anyway, so it runs on the
+// host (the same bits: a selection) instead of compiling its count and
+// gather programs for a shape that may not come back (tensor printing).
+bool SmallOnHost(std::initializer_list<const at::Tensor*> ts) {
+  if (GetMode() != Mode::Strict) return false;
+  for (const at::Tensor* t : ts)
+    if (t->numel() > (1 << 15)) return false;
+  return true;
+}
+
 at::Tensor Nonzero(const at::Tensor& self) {
+  if (SmallOnHost({&self})) {
+    GetMetrics().HostTier("aten::nonzero");
+    at::Tensor host = self.cpu();
+    HostTierScope scope;  // a subnormal is zero on the device
+    return at::nonzero(host).to(self.device());
+  }
   GetMetrics().Native("aten::nonzero");
   int64_t n = CountTrue(self.scalar_type() == at::kBool ? self : self.ne(0));
   return at::nonzero_static(self, n, -1);
@@ -34,8 +51,14 @@ at::Tensor TruePositions(const at::Tensor& flags, int64_t n) {
 }
 
 at::Tensor MaskedSelect(const at::Tensor& self, const at::Tensor& mask) {
-  GetMetrics().Native("aten::masked_select");
   TORCH_CHECK(mask.scalar_type() == at::kBool, "masked_select: expected BoolTensor for mask");
+  if (SmallOnHost({&self, &mask})) {
+    GetMetrics().HostTier("aten::masked_select");
+    at::Tensor s = self.cpu(), m = mask.cpu();
+    HostTierScope scope;
+    return at::masked_select(s, m).to(self.device());
+  }
+  GetMetrics().Native("aten::masked_select");
   auto shape = at::infer_size(self.sizes(), mask.sizes());
   at::Tensor m = mask.expand(shape).reshape({-1});
   at::Tensor x = self.expand(shape).reshape({-1});

@@ -1,5 +1,6 @@
 #include "executor.h"
 
+#include <ATen/ATen.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <c10/util/Exception.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
@@ -522,6 +523,8 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
   }
   Record* rec = rec_;
   rec_ = nullptr;
+  const bool may_skip = host_tier_ok_ && !rec;
+  host_tier_ok_ = false;
   std::vector<Value> results;
   std::vector<StatePtr> targets;
   std::vector<int> donated;
@@ -555,9 +558,13 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
   Reset();
   Runtime& rt = Runtime::Get();
   int64_t t1 = NowNs();
-  pjrt::ExecutablePtr exe = rt.Executable(text);
+  pjrt::ExecutablePtr exe = rt.Executable(text, may_skip);
   mt.finish_ns += t1 - t0;
   mt.lookup_ns += NowNs() - t1;
+  if (!exe) {  // host tier: nothing ran, nothing was written
+    ran_on_host_ = true;
+    return extra_out;
+  }
   if (rec) {
     rec->exe = exe;
     rec->args = std::move(arg_src);
@@ -595,6 +602,25 @@ std::vector<pjrt::BufferPtr> Region::Launch(pjrt::Executable& exe, const std::ve
   return outs;
 }
 
+constexpr int64_t kMirrorBytes = 256 << 10;
+
+const std::string* HostMirror(const StorageState& st) {
+  if (!st.mirror || !st.buf) return nullptr;
+  auto of = st.mirror_of.lock();
+  return of && of == st.buf ? st.mirror.get() : nullptr;
+}
+
+void SetHostMirror(StorageState& st, const void* data, int64_t nbytes) {
+  if (!st.buf || nbytes != st.nbytes || nbytes > kMirrorBytes) return;
+  st.mirror = std::make_shared<const std::string>(static_cast<const char*>(data), nbytes);
+  st.mirror_of = st.buf;
+}
+
+bool& InHostTier() {
+  thread_local bool in = false;
+  return in;
+}
+
 void ReadToHost(const at::Tensor& src, void* dst) {
   int64_t nbytes = src.numel() * src.element_size();
   if (nbytes == 0) return;
@@ -613,6 +639,26 @@ void ReadToHost(const at::Tensor& src, void* dst) {
     // the step's later parts still run).
     r.Flush(false, "host_read");
   }
+  // A small storage the region does not hold, with a host copy (or a view
+  // of one): read from the host copy, or download the storage whole and take
+  // the view on the host, instead of compiling a program per view (tensor
+  // printing reads many slices).
+  constexpr int64_t kHostViewBytes = 8 << 20;
+  const bool plain = st->slot < 0 && st->buf && st->et == et && st->numel * hlo::ETBytes(et) == st->nbytes;
+  if (plain && (HostMirror(*st) || (!whole && st->nbytes <= kHostViewBytes))) {
+    const std::string* m = HostMirror(*st);
+    at::Tensor host = at::empty({st->numel}, src.options().device(c10::kCPU));
+    if (m) {
+      std::memcpy(host.data_ptr(), m->data(), st->nbytes);
+    } else {
+      GetMetrics().d2h_bytes += st->nbytes;
+      st->buf->ToHost(host.data_ptr(), st->nbytes);
+      SetHostMirror(*st, host.data_ptr(), st->nbytes);
+    }
+    at::from_blob(dst, src.sizes(), src.options().device(c10::kCPU))
+        .copy_(host.as_strided(src.sizes(), src.strides(), src.storage_offset()));
+    return;
+  }
   if (r.empty() && st->buf && st->et == et && src.storage_offset() == 0 && src.is_contiguous() &&
       st->numel == src.numel()) {
     buf = st->buf;
@@ -625,6 +671,7 @@ void ReadToHost(const at::Tensor& src, void* dst) {
   }
   GetMetrics().d2h_bytes += nbytes;
   buf->ToHost(dst, nbytes);
+  if (buf == st->buf) SetHostMirror(*st, dst, nbytes);
 }
 
 }  // namespace tt

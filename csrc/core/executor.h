@@ -15,6 +15,7 @@
 
 #include "../hlo/builder.h"
 #include "../hlo/views.h"
+#include "runtime.h"
 #include "storage.h"
 
 namespace tt {
@@ -31,6 +32,26 @@ int GetThreadMode();
 hlo::ET ToET(c10::ScalarType t);
 c10::ScalarType ToScalarType(hlo::ET t);
 PJRT_Buffer_Type ToPjrt(hlo::ET t);
+
+// Strict mode's host tier (see kernels.cpp): host copies of small storages.
+// The bytes of st's buffer if a valid host copy exists, else nullptr.
+const std::string* HostMirror(const StorageState& st);
+// Keeps a host copy of st's current buffer (small storages only).
+void SetHostMirror(StorageState& st, const void* data, int64_t nbytes);
+// True while this thread runs an op in the host tier: its uploads keep a host copy.
+bool& InHostTier();
+// While alive: this thread runs host-tier work (InHostTier(), and the device's
+// treatment of subnormals; see HostTierFloatEnv).
+class HostTierScope {
+ public:
+  HostTierScope() : prev_(InHostTier()) { InHostTier() = true; }
+  ~HostTierScope() { InHostTier() = prev_; }
+  HostTierScope(const HostTierScope&) = delete;
+  HostTierScope& operator=(const HostTierScope&) = delete;
+ private:
+  HostTierFloatEnv fenv_;
+  bool prev_;
+};
 
 class Region {
  public:
@@ -70,6 +91,11 @@ class Region {
     }
   }
   bool empty() const { return ops_ == 0 && extra_.empty(); }
+  // Strict mode's host tier (see NativeKernel): the next flush may skip a
+  // program compiled never before and seen for the first time; TookHostTier()
+  // then says the op must run on the host instead.
+  void AllowHostTier() { host_tier_ok_ = true; }
+  bool TookHostTier() { bool r = ran_on_host_; ran_on_host_ = false; return r; }
   uint64_t epoch() const { return epoch_; }
   void CountOp() { ops_++; }
   // Discards the recording (after an error while lowering).
@@ -109,6 +135,7 @@ class Region {
                                              bool wait);
 
  private:
+  bool host_tier_ok_ = false, ran_on_host_ = false;
   Region();
   struct Slot {
     std::weak_ptr<StorageState> st;

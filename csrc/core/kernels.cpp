@@ -145,6 +145,10 @@ at::Tensor& set_empty(at::Tensor& self) {
 static bool IsTpu(const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; }
 
 static void Finish(Region& r, uint64_t sig = 0) { r.AfterOp(sig); }
+// Largest input (elements) an op may have to run in strict mode's host tier:
+// below ATen's parallel grain size, so the CPU kernel runs on this thread
+// (whose float environment HostTierFloatEnv sets).
+constexpr int64_t kHostTierMaxElements = 1 << 15;
 
 static uint64_t Signature(const std::string& name, const std::vector<at::Tensor>& inputs) {
   uint64_t h = std::hash<std::string>()(name);
@@ -201,6 +205,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       st->buf = buf;
       st->et = et;
       st->numel = src.numel();
+      if (InHostTier()) SetHostMirror(*st, src.data_ptr(), nbytes);  // a host-tier result
       return dst;
     }
     Value v = r.BufferArg(buf, Type(et, {src.numel()}));
@@ -222,7 +227,22 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   hlo::Dims d(dst.sizes().begin(), dst.sizes().end());
   v = r.b().BroadcastTo(v, d);
   r.Write(dst, v);
+  // Host tier (see HostTierEligible): a small conversion into a whole fresh
+  // storage (`.to(torch.double)`) converts on the host; not float -> integer,
+  // where CPU and XLA differ for NaN and out-of-range values.
+  const bool host_tier = GetMode() == Mode::Strict && HostTierRuns() > 0 && self.scalar_type() != dst.scalar_type() &&
+                         !(at::isFloatingType(self.scalar_type()) && !at::isFloatingType(dst.scalar_type())) &&
+                         !self.is_complex() && !dst.is_complex() && self.numel() <= kHostTierMaxElements &&
+                         dst.storage_offset() == 0 && dst.is_contiguous() &&
+                         dst.numel() * (int64_t)dst.element_size() == (int64_t)dst.storage().nbytes();
+  if (host_tier) r.AllowHostTier();
   Finish(r, Signature("d2d", {self, dst}));
+  if (host_tier && r.TookHostTier()) {
+    GetMetrics().HostTier("aten::_copy_from");
+    at::Tensor host = self.cpu();
+    HostTierScope scope;
+    dst.copy_(host.to(dst.scalar_type()));  // converted on the host, then one upload
+  }
   return dst;
 }
 
@@ -635,6 +655,84 @@ static std::shared_ptr<MetaResult> OwnMeta(const std::string& name, const std::v
   return mr;
 }
 
+// Strict mode's host tier. An op whose program was never compiled (in
+// neither cache) and is asked for the first time runs on the host through
+// PyTorch's CPU kernel instead of paying an XLA compile (tens of ms) for a
+// shape that may never come back: tensor printing, shapes seen once in test
+// suites and notebooks. After HostTierRuns() such runs (TORCHTPU_HOST_TIER,
+// default 2) the program is compiled as usual.
+// Only small inputs, and only ops whose CPU kernel gives the very same bits
+// as the XLA program (data movement, comparisons, min/max, exact rounding
+// ops; mul/div are one correctly rounded IEEE operation in f32/f64; sums
+// only of integers), so where an op runs never changes its result.
+// TORCHTPU_HOST_TIER=0 turns it off.
+template <typename F>
+static bool EveryTensorArg(const std::vector<c10::IValue>& args, F&& f) {
+  for (const auto& a : args) {
+    if (a.isTensor() && !f(a.toTensor())) return false;
+    if (a.isTensorList())
+      for (const at::Tensor& t : a.toTensorVector())
+        if (!f(t)) return false;
+  }
+  return true;
+}
+
+static bool HostTierEligible(const std::string& name, const std::vector<c10::IValue>& args) {
+  if (HostTierRuns() == 0) return false;
+  enum Kind { kMove, kCompare, kArith, kIntSum };
+  static const std::unordered_map<std::string, Kind> kOps = {
+      {"aten::cat", kMove}, {"aten::cat.out", kMove}, {"aten::stack", kMove}, {"aten::stack.out", kMove},
+      {"aten::index_select", kMove}, {"aten::clone", kMove}, {"aten::abs", kMove}, {"aten::neg", kMove},
+      {"aten::ceil", kMove}, {"aten::floor", kMove}, {"aten::trunc", kMove}, {"aten::where.self", kMove},
+      {"aten::max", kMove}, {"aten::min", kMove}, {"aten::amax", kMove}, {"aten::amin", kMove},
+      {"aten::eq.Tensor", kCompare}, {"aten::eq.Scalar", kCompare}, {"aten::ne.Tensor", kCompare},
+      {"aten::ne.Scalar", kCompare}, {"aten::lt.Tensor", kCompare}, {"aten::lt.Scalar", kCompare},
+      {"aten::le.Tensor", kCompare}, {"aten::le.Scalar", kCompare}, {"aten::gt.Tensor", kCompare},
+      {"aten::gt.Scalar", kCompare}, {"aten::ge.Tensor", kCompare}, {"aten::ge.Scalar", kCompare},
+      {"aten::bitwise_and.Tensor", kCompare}, {"aten::bitwise_or.Tensor", kCompare},
+      {"aten::bitwise_not", kCompare}, {"aten::logical_not", kCompare}, {"aten::logical_and", kCompare},
+      {"aten::logical_or", kCompare}, {"aten::isnan", kCompare}, {"aten::isinf", kCompare},
+      {"aten::mul.Tensor", kArith}, {"aten::div.Tensor", kArith}, {"aten::sum", kIntSum},
+      {"aten::sum.dim_IntList", kIntSum},
+  };
+  auto it = kOps.find(name);
+  if (it == kOps.end()) return false;
+  if (it->second == kIntSum && !args.empty() && !args.back().isNone()) return false;  // sum(dtype=...)
+  auto ok = [&](const at::Tensor& t) {
+    if (!t.defined()) return true;
+    if (t.numel() > kHostTierMaxElements || t.is_complex()) return false;
+    switch (it->second) {
+      case kArith: return t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble ||
+                          !at::isFloatingType(t.scalar_type());
+      case kIntSum: return !at::isFloatingType(t.scalar_type());
+      default: return true;
+    }
+  };
+  return EveryTensorArg(args, ok);
+}
+
+// Runs op through its CPU kernel as the host tier does: subnormals as the
+// device treats them, results uploaded with a host copy kept.
+static void RunOnHost(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& name) {
+  GetMetrics().HostTier(name);
+  HostTierScope scope;
+  at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
+}
+
+// Whether every tpu tensor argument has a valid host copy (and there is one):
+// ops on values already on the host (a chain of host-tier results, a tensor
+// just printed) stay there, compiling nothing.
+static bool AllOnHost(const std::vector<c10::IValue>& args) {
+  bool any = false;
+  auto on_host = [&](const at::Tensor& t) {
+    if (!t.defined() || !IsTpu(t)) return true;
+    any = true;
+    const StorageState& st = *GetState(t.storage().unsafeGetStorageImpl());
+    return st.slot < 0 && HostMirror(st) != nullptr;
+  };
+  return EveryTensorArg(args, on_host) && any;
+}
+
 // What NativeKernel needs to know about an operator besides its arguments,
 // computed once per schema (the dispatcher's schemas live for the process).
 struct OpStatic {
@@ -834,6 +932,11 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
 
   // 2. Lower into the current region.
   std::lock_guard<std::recursive_mutex> g(Region::Lock());
+  const bool host_tier = !debug && GetMode() == Mode::Strict && HostTierEligible(name, args);
+  if (host_tier && AllOnHost(args)) {
+    RunOnHost(op, stack, name);
+    return;
+  }
   Region& r = Region::Current();
   r.BeginOp();
   ET hint = outs.empty() ? ET::F32 : ToET(outs[0].scalar_type());
@@ -961,13 +1064,18 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     r.Abandon();
     throw;
   }
-  GetMetrics().Native(name);
+  if (host_tier) r.AllowHostTier();
   try {
     if (debug) DebugFinish(name, outs);
     else Finish(r, Signature(name, flat_inputs));
   } catch (const pjrt::Error& e) {
     TORCH_CHECK(false, "torchtpu: ", name, " failed on the device: ", e.what());
   }
+  if (host_tier && r.TookHostTier()) {
+    RunOnHost(op, stack, name);
+    return;
+  }
+  GetMetrics().Native(name);
   torch::jit::drop(*stack, nargs);
   for (auto& v : rets) stack->push_back(std::move(v));
 }

@@ -100,11 +100,13 @@ PYBIND11_MODULE(_C, m) {
     py::dict d;
     {
       std::lock_guard<std::mutex> g(mt.mu);
-      py::dict native, fb;
+      py::dict native, fb, host;
       for (auto& kv : mt.native_ops) native[py::str(kv.first)] = kv.second;
       for (auto& kv : mt.fallback_ops) fb[py::str(kv.first)] = kv.second;
+      for (auto& kv : mt.host_tier_ops) host[py::str(kv.first)] = kv.second;
       d["native_ops"] = native;
       d["cpu_fallbacks"] = fb;
+      d["host_tier_ops"] = host;
     }
     d["compiles"] = mt.compiles.load();
     d["compile_seconds"] = mt.compile_ns.load() / 1e9;
@@ -135,6 +137,7 @@ PYBIND11_MODULE(_C, m) {
     d["executable_cache_entries"] = tt::Started() ? (int64_t)tt::Runtime::Get().cache_size() : 0;
     return d;
   });
+  m.def("_set_host_tier_runs", &tt::SetHostTierRuns);
   m.def("_reset_metrics", []() {
     tt::GetMetrics().Reset();
     std::lock_guard<std::recursive_mutex> g(tt::Region::Lock());

@@ -1,3 +1,6 @@
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 #include "runtime.h"
 
 #include <fcntl.h>
@@ -46,6 +49,7 @@ void Metrics::Reset() {
   std::lock_guard<std::mutex> g(mu);
   native_ops.clear();
   fallback_ops.clear();
+  host_tier_ops.clear();
   compiles = 0; cache_hits = 0; cache_misses = 0; disk_hits = 0;
   compile_ns = 0; executions = 0; disk_load_ns = 0; disk_store_ns = 0; h2d_bytes = 0; d2h_bytes = 0;
   finish_ns = 0; lookup_ns = 0; launch_ns = 0;
@@ -124,7 +128,44 @@ void Runtime::Start(const Config& c) {
                  c.version;
 }
 
-pjrt::ExecutablePtr Runtime::Executable(const std::string& text) {
+static std::atomic<int>& HostTierRunsVar() {
+  static std::atomic<int> n{[] {
+    const char* e = std::getenv("TORCHTPU_HOST_TIER");
+    return e && *e ? std::max(0, std::atoi(e)) : 2;
+  }()};
+  return n;
+}
+HostTierFloatEnv::HostTierFloatEnv() {
+#if defined(__x86_64__)
+  static const bool flush = [] {
+    const std::string p = Runtime::Get().client().platform_name();
+    return p == "cpu" || p == "tpu";
+  }();
+  if (flush) {
+    saved_ = _mm_getcsr();
+    _mm_setcsr(saved_ | 0x8040);  // FTZ | DAZ
+    set_ = true;
+  }
+#endif
+}
+HostTierFloatEnv::~HostTierFloatEnv() {
+#if defined(__x86_64__)
+  if (set_) _mm_setcsr(saved_);
+#endif
+}
+
+int HostTierRuns() { return HostTierRunsVar().load(std::memory_order_relaxed); }
+int SetHostTierRuns(int n) { return HostTierRunsVar().exchange(std::max(0, n)); }
+
+const std::string& Runtime::DefaultOptionsFor(const std::string& text) {
+  static const std::string with_dots = pjrt::DefaultCompileOptions(client_->platform_name(), true),
+                           elementwise = pjrt::DefaultCompileOptions(client_->platform_name(), false);
+  return text.find("dot_general") != std::string::npos || text.find("convolution") != std::string::npos
+             ? with_dots
+             : elementwise;
+}
+
+pjrt::ExecutablePtr Runtime::Executable(const std::string& text, bool first_sight_null) {
   {
     std::lock_guard<std::mutex> g(mu_);
     auto it = cache_.find(text);
@@ -132,6 +173,11 @@ pjrt::ExecutablePtr Runtime::Executable(const std::string& text) {
       GetMetrics().cache_hits++;
       return it->second;
     }
+  }
+  if (first_sight_null && !DiskCacheHas(fingerprint_, text, DefaultOptionsFor(text))) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (seen_.size() > (1u << 20)) seen_.clear();
+    if (seen_[std::hash<std::string>()(text)]++ < HostTierRuns()) return nullptr;
   }
   GetMetrics().cache_misses++;
   if (const char* dump = std::getenv("TORCHTPU_DUMP_DIR"); dump && *dump) {
@@ -144,12 +190,7 @@ pjrt::ExecutablePtr Runtime::Executable(const std::string& text) {
       std::fclose(f);
     }
   }
-  static const std::string with_dots = pjrt::DefaultCompileOptions(client_->platform_name(), true),
-                           elementwise = pjrt::DefaultCompileOptions(client_->platform_name(), false);
-  const std::string& options =
-      text.find("dot_general") != std::string::npos || text.find("convolution") != std::string::npos
-          ? with_dots
-          : elementwise;
+  const std::string& options = DefaultOptionsFor(text);
   pjrt::ExecutablePtr exe;
   int64_t t0 = NowNs();
   exe = DiskCacheLoad(*client_, fingerprint_, text, options);

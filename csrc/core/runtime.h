@@ -7,6 +7,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "../runtime/pjrt.h"
 
@@ -30,7 +31,7 @@ bool Started();
 class Metrics {
  public:
   std::mutex mu;
-  std::map<std::string, int64_t> native_ops, fallback_ops;
+  std::map<std::string, int64_t> native_ops, fallback_ops, host_tier_ops;
   std::atomic<int64_t> compiles{0}, cache_hits{0}, cache_misses{0}, disk_hits{0};
   std::atomic<int64_t> compile_ns{0}, executions{0}, disk_load_ns{0}, disk_store_ns{0};
   std::atomic<int64_t> h2d_bytes{0}, d2h_bytes{0};
@@ -38,6 +39,7 @@ class Metrics {
   std::atomic<int64_t> finish_ns{0}, lookup_ns{0}, launch_ns{0};
   void Native(const std::string& op) { std::lock_guard<std::mutex> g(mu); native_ops[op]++; }
   void Fallback(const std::string& op) { std::lock_guard<std::mutex> g(mu); fallback_ops[op]++; }
+  void HostTier(const std::string& op) { std::lock_guard<std::mutex> g(mu); host_tier_ops[op]++; }
   void Reset();
 };
 Metrics& GetMetrics();
@@ -49,10 +51,15 @@ class Runtime {
   PJRT_Device* device() const { return device_; }
   int64_t device_count() const { return (int64_t)client_->devices().size(); }
   // Compiled executable for module text (in-memory, then on-disk cache).
-  pjrt::ExecutablePtr Executable(const std::string& text);
+  // first_sight_null: a program in neither cache, asked for fewer than
+  // HostTierRuns() times before, is not compiled; nullptr is returned (the
+  // caller runs the op on the host).
+  pjrt::ExecutablePtr Executable(const std::string& text, bool first_sight_null = false);
   pjrt::BufferPtr Upload(const void* data, PJRT_Buffer_Type type, const std::vector<int64_t>& dims,
                          int64_t nbytes);
   size_t cache_size();
+  // Compile options for a program: those with dots/convolutions differ (see DefaultCompileOptions).
+  const std::string& DefaultOptionsFor(const std::string& text);
   void ClearCache();
   std::string fingerprint() const { return fingerprint_; }
  private:
@@ -62,9 +69,27 @@ class Runtime {
   PJRT_Device* device_ = nullptr;
   std::mutex mu_;
   std::unordered_map<std::string, pjrt::ExecutablePtr> cache_;
+  std::unordered_map<size_t, int> seen_;  // program hash -> times skipped (first_sight_null)
   std::string fingerprint_;
 };
 
 int64_t NowNs();
+// TORCHTPU_HOST_TIER: how many times strict mode runs an op on the host before
+// compiling its program (0: never on the host). Default 2.
+int HostTierRuns();
+int SetHostTierRuns(int n);  // returns the previous value
+// While alive, host code computes with subnormals flushed to zero (inputs and
+// results) where the device's programs do (XLA:CPU, TPU), so an op run on the
+// host gives the device's bits. A no-op elsewhere (CUDA keeps subnormals).
+class HostTierFloatEnv {
+ public:
+  HostTierFloatEnv();
+  ~HostTierFloatEnv();
+  HostTierFloatEnv(const HostTierFloatEnv&) = delete;
+  HostTierFloatEnv& operator=(const HostTierFloatEnv&) = delete;
+ private:
+  unsigned saved_ = 0;
+  bool set_ = false;
+};
 
 }  // namespace tt
