@@ -444,7 +444,7 @@ def dead_rank(rank, world, tmp):
 
 def hung_rank(rank, world, tmp):
     # alive but never joins the collective
-    _peer_fails(rank, world, tmp, 5, lambda: (time.sleep(25), os._exit(0)))
+    _peer_fails(rank, world, tmp, 5, lambda: (time.sleep(9), os._exit(0)))
 
 
 # ------------------------------------------------------------------------------- torchrun
