@@ -417,6 +417,23 @@ def dtensor(rank, world, tmp):
         opt_r.zero_grad(), opt_t.zero_grad()
     for (n, p), q in zip(tp.named_parameters(), ref.parameters()):
         close(p.full_tensor(), q, f"TP params {n}", atol=1e-5)
+    # functional collectives: eager, and inside torch.compile(backend="tpu") (today such a
+    # graph runs eagerly: no lowering for _c10d_functional ops; the result must still be right)
+    import warnings
+
+    import torch.distributed._functional_collectives as funcol
+
+    def f(x):
+        y = funcol.all_reduce(torch.sin(x) * 2, "sum", dist.group.WORLD)
+        return funcol.all_gather_tensor(y.cos() + 1, 0, dist.group.WORLD)
+
+    x = torch.arange(4.0) + rank
+    xs = [torch.arange(4.0) + r for r in range(world)]
+    want = (sum(torch.sin(v) * 2 for v in xs).cos() + 1).repeat(world)
+    close(f(x.to(TPU)), want, "functional collectives eager", atol=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        close(torch.compile(f, backend="tpu")(x.to(TPU)), want, "functional collectives compiled", atol=1e-5)
     dist.destroy_process_group()
 
 

@@ -22,15 +22,13 @@ collective).
 """
 from __future__ import annotations
 
-import os
-
-import torch
+from . import _env
 
 BACKEND = "tpu"
 
 
 def _check_enabled() -> bool:
-    return os.environ.get("TORCHTPU_DIST_CHECK", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _env.DIST_CHECK.get().strip().lower() not in ("0", "false", "no", "off")
 
 
 def _create_backend(opts, backend_options=None):
