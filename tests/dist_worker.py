@@ -405,7 +405,7 @@ def dtensor(rank, world, tmp):
     ref = MLP().to(TPU)
     torch.manual_seed(0)
     tp = parallelize_module(MLP().to(TPU), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
-    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(1))
+    x8 = x = torch.randn(5, 8, generator=torch.Generator().manual_seed(1))
     opt_r = torch.optim.SGD(ref.parameters(), lr=0.1)
     opt_t = torch.optim.SGD(tp.parameters(), lr=0.1)
     for _ in range(3):
@@ -417,10 +417,8 @@ def dtensor(rank, world, tmp):
         opt_r.zero_grad(), opt_t.zero_grad()
     for (n, p), q in zip(tp.named_parameters(), ref.parameters()):
         close(p.full_tensor(), q, f"TP params {n}", atol=1e-5)
-    # functional collectives: eager, and inside torch.compile(backend="tpu") (today such a
-    # graph runs eagerly: no lowering for _c10d_functional ops; the result must still be right)
-    import warnings
-
+    # functional collectives: eager, and inside torch.compile(backend="tpu"), where the graph
+    # is split at each collective (pieces compiled, collectives run through the group)
     import torch.distributed._functional_collectives as funcol
 
     def f(x):
@@ -431,9 +429,23 @@ def dtensor(rank, world, tmp):
     xs = [torch.arange(4.0) + r for r in range(world)]
     want = (sum(torch.sin(v) * 2 for v in xs).cos() + 1).repeat(world)
     close(f(x.to(TPU)), want, "functional collectives eager", atol=1e-5)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        close(torch.compile(f, backend="tpu")(x.to(TPU)), want, "functional collectives compiled", atol=1e-5)
+    torchtpu.reset_metrics()
+    before = torchtpu.metrics()["compile"]
+    close(torch.compile(f, backend="tpu")(x.to(TPU)), want, "functional collectives compiled", atol=1e-5)
+    m = torchtpu.metrics()["compile"]
+    assert m["graphs_split"] - before["graphs_split"] == 1, m
+    assert m["graphs_compiled"] - before["graphs_compiled"] >= 2 and not m["graph_fallback_reasons"], m
+    # a compiled tensor-parallel training step (DTensor: collectives in forward and backward)
+    ctp = torch.compile(tp, backend="tpu")
+    for _ in range(2):
+        yr, yt = ref(x8.to(TPU)), ctp(x8.to(TPU))
+        close(yt, yr, "compiled TP forward", atol=1e-5)
+        yr.square().mean().backward()
+        yt.square().mean().backward()
+        opt_r.step(), opt_t.step()
+        opt_r.zero_grad(), opt_t.zero_grad()
+    for (n, p), q in zip(tp.named_parameters(), ref.parameters()):
+        close(p.full_tensor(), q, f"compiled TP params {n}", atol=1e-5)
     dist.destroy_process_group()
 
 
