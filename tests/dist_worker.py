@@ -405,18 +405,22 @@ def dtensor(rank, world, tmp):
     ref = MLP().to(TPU)
     torch.manual_seed(0)
     tp = parallelize_module(MLP().to(TPU), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
-    x8 = x = torch.randn(5, 8, generator=torch.Generator().manual_seed(1))
+    x8 = torch.randn(5, 8, generator=torch.Generator().manual_seed(1))
     opt_r = torch.optim.SGD(ref.parameters(), lr=0.1)
     opt_t = torch.optim.SGD(tp.parameters(), lr=0.1)
-    for _ in range(3):
-        yr, yt = ref(x.to(TPU)), tp(x.to(TPU))
-        close(yt, yr, "TP forward", atol=1e-5)
-        yr.square().mean().backward()
-        yt.square().mean().backward()
-        opt_r.step(), opt_t.step()
-        opt_r.zero_grad(), opt_t.zero_grad()
-    for (n, p), q in zip(tp.named_parameters(), ref.parameters()):
-        close(p.full_tensor(), q, f"TP params {n}", atol=1e-5)
+
+    def steps(model, n, what):
+        for _ in range(n):
+            yr, yt = ref(x8.to(TPU)), model(x8.to(TPU))
+            close(yt, yr, f"{what} forward", atol=1e-5)
+            yr.square().mean().backward()
+            yt.square().mean().backward()
+            opt_r.step(), opt_t.step()
+            opt_r.zero_grad(), opt_t.zero_grad()
+        for (name, p), q in zip(tp.named_parameters(), ref.parameters()):
+            close(p.full_tensor(), q, f"{what} params {name}", atol=1e-5)
+
+    steps(tp, 3, "TP")
     # functional collectives: eager, and inside torch.compile(backend="tpu"), where the graph
     # is split at each collective (pieces compiled, collectives run through the group)
     import torch.distributed._functional_collectives as funcol
@@ -436,16 +440,7 @@ def dtensor(rank, world, tmp):
     assert m["graphs_split"] - before["graphs_split"] == 1, m
     assert m["graphs_compiled"] - before["graphs_compiled"] >= 2 and not m["graph_fallback_reasons"], m
     # a compiled tensor-parallel training step (DTensor: collectives in forward and backward)
-    ctp = torch.compile(tp, backend="tpu")
-    for _ in range(2):
-        yr, yt = ref(x8.to(TPU)), ctp(x8.to(TPU))
-        close(yt, yr, "compiled TP forward", atol=1e-5)
-        yr.square().mean().backward()
-        yt.square().mean().backward()
-        opt_r.step(), opt_t.step()
-        opt_r.zero_grad(), opt_t.zero_grad()
-    for (n, p), q in zip(tp.named_parameters(), ref.parameters()):
-        close(p.full_tensor(), q, f"compiled TP params {n}", atol=1e-5)
+    steps(torch.compile(tp, backend="tpu"), 2, "compiled TP")
     dist.destroy_process_group()
 
 
