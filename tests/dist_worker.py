@@ -221,9 +221,10 @@ def collectives(rank, world, tmp):
                  "all_reduce size mismatch")
     expect_error(lambda: dist.broadcast(torch.ones(3, dtype=torch.float32 if rank else torch.int32,
                                                    device=TPU), 0), "dtype", "broadcast dtype mismatch")
+    # rank 0 sends 2 rows to everyone, the others send 1 and 3 rows to ranks 0 and 1; all expect 2
+    bad_in = [2] * world if rank == 0 else [1, 3] + [2] * (world - 2)
     expect_error(lambda: dist.all_to_all_single(torch.empty(2 * world, device=TPU),
-                                                torch.ones(2 * world, device=TPU),
-                                                [2] * world, [1 + (rank == 0)] * (world - 1) + [2 * world - 1 - (rank == 0) * (world - 1)]),
+                                                torch.ones(2 * world, device=TPU), [2] * world, bad_in),
                  "split sizes disagree", "all_to_all split mismatch")
     expect_error(lambda: (dist.all_reduce(torch.ones(2, device=TPU)) if rank == 0
                           else dist.broadcast(torch.ones(2, device=TPU), 0)),

@@ -77,6 +77,11 @@ def test_collectives_match_gloo_on_cpu():
     launch("collectives")
 
 
+@pytest.mark.slow
+def test_collectives_4_processes():
+    launch("collectives", world=4, timeout=480)
+
+
 def test_init_process_group_variants_and_device_mesh():
     launch("init_variants")
 
