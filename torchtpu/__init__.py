@@ -28,13 +28,17 @@ def _configure() -> None:
     global _plugin_kind, _plugin_path, _plugin_error
     from . import _C
 
+    _plugin_error = None
+
     try:
         _plugin_kind, _plugin_path = _plugin.resolve()
     except ImportError as e:  # reported on first use of the device
         _plugin_error = e
         _plugin_kind, _plugin_path = None, ""
-    idx = _env.VISIBLE_DEVICES.get().strip()
-    index = int(idx.split(",")[0]) if idx else _requested_index
+    try:
+        index = _physical_index(_env.VISIBLE_DEVICES.get(), os.environ.get("LOCAL_RANK"), _requested_index)
+    except ValueError as e:  # reported on first use of the device, like a missing plugin
+        _plugin_error, index = e, 0
     count = int(_env.CPU_DEVICES.get() or "1")
     if _plugin_kind == "cpu":
         count = max(count, index + 1)
@@ -43,7 +47,29 @@ def _configure() -> None:
                   str(_plugin_error) if _plugin_error is not None else "")
 
 
-_requested_index = 0
+_requested_index = None
+
+
+def _physical_index(visible: str, local_rank: str | None, requested: int | None) -> int:
+    """The physical device this process drives.
+
+    The local slot is ``torch.tpu.set_device(i)`` if called, else ``LOCAL_RANK``
+    (set by torchrun), else 0. ``TORCHTPU_VISIBLE_DEVICES`` with one index pins
+    the device; with a list ("4,5,6,7") the slot indexes into it, like
+    CUDA_VISIBLE_DEVICES with ``cuda.set_device(local_rank)``.
+    """
+    slot = requested
+    if slot is None:
+        slot = int(local_rank) if local_rank not in (None, "") else 0
+    devs = [int(x) for x in visible.split(",") if x.strip()]
+    if not devs:
+        return slot
+    if len(devs) == 1:
+        return devs[0]
+    if not 0 <= slot < len(devs):
+        raise ValueError(f"torchtpu: device slot {slot} (LOCAL_RANK or torch.tpu.set_device) is out of range "
+                         f"for TORCHTPU_VISIBLE_DEVICES={visible!r} ({len(devs)} devices)")
+    return devs[slot]
 
 
 def _register() -> None:
@@ -64,6 +90,9 @@ def _register() -> None:
         from . import _compile
 
         _compile.register()
+        from . import distributed
+
+        distributed.register()
         _registered = True
         mode = _env.MODE.get()
         if mode and mode != "strict":

@@ -24,7 +24,7 @@ _ET = {torch.bool: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64
        torch.float32: 11, torch.float64: 12, torch.complex64: 13, torch.complex128: 14,
        torch.float8_e4m3fn: 15, torch.float8_e5m2: 16, torch.float8_e8m0fnu: 17}
 
-stats = {"graphs_compiled": 0, "graph_fallbacks": 0, "graph_calls": 0, "graphs_loaded": 0,
+stats = {"graphs_compiled": 0, "graphs_split": 0, "graph_fallbacks": 0, "graph_calls": 0, "graphs_loaded": 0,
          "aot_cache_hits": 0, "aot_cache_misses": 0, "aot_cache_bypasses": 0}
 _fallback_reasons: dict[str, int] = {}
 
@@ -293,10 +293,78 @@ def _fall_back(reason: str) -> None:
     warnings.warn(f"torchtpu.compile: running this graph eagerly ({reason})")
 
 
+_COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd", "c10d_functional")
+
+
+def _is_collective(n: torch.fx.Node) -> bool:
+    return n.op == "call_function" and isinstance(n.target, OpOverload) and \
+        n.target.namespace in _COLLECTIVE_NAMESPACES
+
+
+class _Segment(torch.nn.Module):
+    """A compiled piece of a graph split at its collectives (unboxed calls)."""
+
+    def __init__(self, run, single: bool):
+        super().__init__()
+        self.run, self.single = run, single
+
+    def forward(self, *args):
+        out = self.run(list(args))
+        return out[0] if self.single else tuple(out)
+
+
+def _split_at_collectives(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, int]:
+    """Functional collectives (``_c10d_functional.*``, from DTensor and compiled
+    DDP/FSDP) have no in-program lowering on the Gloo staging transport: the
+    graph is cut around each one; the pieces between them compile to programs
+    and the collectives run eagerly through the process group. Returns the
+    split module and the number of compiled pieces."""
+    from functorch.compile import make_boxed_func
+    from torch.fx.passes.split_module import split_module
+
+    part, parts = 0, {}
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "output", "get_attr"):
+            continue
+        if _is_collective(n):
+            parts[n] = part + 1
+            part += 2
+        else:
+            parts[n] = part
+    split = split_module(gm, None, lambda n: parts[n], keep_original_order=True)
+    compiled = 0
+    for name, sub in list(split.named_children()):
+        if any(_is_collective(n) for n in sub.graph.nodes):
+            continue
+        out = next(n for n in sub.graph.nodes if n.op == "output")
+        single = not isinstance(out.args[0], (tuple, list))
+        if single:
+            out.args = ((out.args[0],),)
+            sub.recompile()
+        try:
+            program = _Lowerer(sub).run()
+        except Unsupported as e:
+            _fall_back(f"a piece between collectives: {e}")
+            if single:
+                out.args = (out.args[0][0],)
+                sub.recompile()
+            continue
+        run = _runner(program, program["cpu_updates"], lambda sub=sub: make_boxed_func(sub.forward))
+        setattr(split, name, _Segment(run, single))
+        compiled += 1
+    return split, compiled
+
+
 def _graph_compiler(gm: torch.fx.GraphModule, example_inputs):
     """AOTAutograd's compiler for each forward/backward/inference graph: a GraphCode."""
     from ._graph_code import GraphCode
 
+    if any(_is_collective(n) for n in gm.graph.nodes):
+        split, compiled = _split_at_collectives(gm)
+        stats["graphs_split"] += 1
+        stats["graphs_compiled"] += compiled
+        # the split module runs as Python (not cached: GraphCode without a program)
+        return GraphCode(split, None, "split at collectives")
     try:
         program = _Lowerer(gm).run()
     except Unsupported as e:

@@ -25,7 +25,9 @@ def _var(name: str, default: str, help: str) -> EnvVar:
 
 
 PLUGIN = _var("TORCHTPU_PLUGIN", "cpu", "PJRT plugin: cpu | tpu | cuda | path to a plugin .so")
-VISIBLE_DEVICES = _var("TORCHTPU_VISIBLE_DEVICES", "", "index of the device this process drives")
+VISIBLE_DEVICES = _var("TORCHTPU_VISIBLE_DEVICES", "",
+                       "index of the device this process drives; a list is indexed by LOCAL_RANK")
+DIST_CHECK = _var("TORCHTPU_DIST_CHECK", "1", "torch.distributed: check sizes/dtypes across ranks per collective")
 CPU_DEVICES = _var("TORCHTPU_CPU_DEVICE_COUNT", "1", "devices the CPU plugin creates")
 MEMORY_LIMIT = _var("TORCHTPU_MEMORY_LIMIT", "", "device memory limit, bytes or 512M / 2G")
 MODE = _var("TORCHTPU_MODE", "strict", "default eager mode: strict | debug | defer_and_fuse")

@@ -12,6 +12,7 @@
 namespace tt {
 void RegisterNativeKernels();
 void BindGraph(pybind11::module& m);
+void BindDistributed(pybind11::module& m);
 }
 
 namespace py = pybind11;
@@ -145,5 +146,6 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_lowered_ops", &tt::ops::RegisteredOps);
   tt::BindGraph(m);
+  tt::BindDistributed(m);
   m.def("_default_generator", []() { return tt::DefaultGenerator(0); });
 }
