@@ -157,6 +157,12 @@ static uint64_t Signature(const std::string& name, const std::vector<at::Tensor>
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(self.sizes() == dst.sizes() || self.numel() == dst.numel() || true);
+  // packed fp4 pairs are bytes here (ToET): like CPU, no value conversions
+  TORCH_CHECK(self.scalar_type() == dst.scalar_type() ||
+                  (self.scalar_type() != c10::kFloat4_e2m1fn_x2 &&
+                   dst.scalar_type() != c10::kFloat4_e2m1fn_x2),
+              "\"copy_\" not implemented for 'Float4_e2m1fn_x2' (", self.scalar_type(), " -> ",
+              dst.scalar_type(), ")");
   if (dst.numel() == 0) return dst;
   if (IsTpu(self) && !IsTpu(dst)) {
     // device -> host: read the source view contiguously, then let CPU copy_
