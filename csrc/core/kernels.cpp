@@ -6,6 +6,7 @@
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_copy_from_and_resize_native.h>
+#include <map>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/empty.h>
@@ -179,7 +180,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     // and Negative fallthroughs below)
     if (self.is_conj()) host = host.conj_physical();
     if (self.is_neg()) host = host.neg();
-    dst.copy_(host);
+    if (dst.scalar_type() == c10::kFloat4_e2m1fn_x2)  // CPU has no strided copy for it: bytes
+      dst.view(c10::kByte).copy_(host.view(c10::kByte));
+    else
+      dst.copy_(host);
     return dst;
   }
   // Same memory-overlap rules as CPU's copy_: a destination whose elements
@@ -194,6 +198,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     // host -> device
     at::Tensor src = self.resolve_conj().resolve_neg();
     if (src.scalar_type() != dst.scalar_type()) src = src.to(dst.scalar_type());
+    if (src.scalar_type() == c10::kFloat4_e2m1fn_x2) src = src.view(c10::kByte);  // as above
     src = src.expand(dst.sizes()).contiguous();
     ET et = ToET(src.scalar_type());
     int64_t nbytes = src.numel() * src.element_size();
@@ -1004,17 +1009,22 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 // Registers the generic native kernel for every op in the lowering registry
 // (called once at import, after all lowerings have registered).
 void RegisterNativeKernels() {
-  static std::unique_ptr<torch::Library> lib;
-  if (lib) return;
-  lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
-                                         std::optional<c10::DispatchKey>(c10::DispatchKey::PrivateUse1),
-                                         __FILE__, __LINE__);
+  // one library per namespace: aten, and torchtpu (ops defined in Python,
+  // torchtpu/quant.py, before this runs)
+  static std::map<std::string, std::unique_ptr<torch::Library>> libs;
+  if (!libs.empty()) return;
   for (const std::string& full : ops::RegisteredOps()) {
-    std::string n = full.substr(6);  // drop "aten::"
+    size_t sep = full.find("::");
+    std::string ns = full.substr(0, sep), n = full.substr(sep + 2);
     size_t dot = n.find('.');
-    c10::OperatorName opname("aten::" + n.substr(0, dot), dot == std::string::npos ? "" : n.substr(dot + 1));
+    c10::OperatorName opname(ns + "::" + n.substr(0, dot), dot == std::string::npos ? "" : n.substr(dot + 1));
     auto handle = c10::Dispatcher::singleton().findSchema(opname);
     if (!handle) continue;
+    auto& lib = libs[ns];
+    if (!lib)
+      lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns,
+                                             std::optional<c10::DispatchKey>(c10::DispatchKey::PrivateUse1),
+                                             __FILE__, __LINE__);
     if (ops::Find(full)->graph_only) continue;
     // Composite ops decompose above us (their autograd comes from the
     // decomposition); a backend kernel would bypass it. Their lowerings still
