@@ -142,3 +142,26 @@ def test_block_matmul_bad_input():
     # the op itself (no Python checks) names the argument too
     with pytest.raises(RuntimeError, match="b_scale must have shape"):
         torch.ops.torchtpu.block_scaled_mm(qa, sa, qb, sb[:, :1], None, 32, torch.float32)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
+def test_quant_linear(fmt):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 32).bfloat16()
+    x = torch.randn(2, 3, 64).bfloat16()
+    ql = Q.QuantLinear(lin, fmt).to("tpu")
+    w = ql.weight.cpu()
+    assert w.dtype == (E4 if fmt == "fp8" else FP4)
+    ws = ql.weight_scale.cpu()
+    x2 = x.reshape(6, 64).float()
+    if fmt == "fp8":  # dynamic row-wise activation quantization, then the scaled product
+        amax = x2.abs().amax(-1, keepdim=True)
+        s = 448.0 / amax
+        xq = (x2 * s).clamp(-448, 448).to(E4)
+        want = (xq.float() / s) @ (w.float() * ws).T
+    else:
+        want = x2.bfloat16().float() @ ref_dequant(w, ws, 32).bfloat16().float().T
+    want = (want + lin.bias.float()).reshape(2, 3, 32)
+    got = ql(x.to("tpu")).cpu()
+    assert got.dtype == torch.bfloat16 and got.shape == (2, 3, 32)
+    torch.testing.assert_close(got.float(), want, rtol=2 ** -7, atol=2e-2)

@@ -31,7 +31,7 @@ __all__ = [
     "quantize_fp8", "dequantize_fp8", "fp8_matmul",
     "quantize_mx", "dequantize_mx", "mx_matmul",
     "quantize_nvfp4", "dequantize_nvfp4", "nvfp4_matmul", "nvfp4_global_scale",
-    "pack_fp4", "unpack_fp4",
+    "pack_fp4", "unpack_fp4", "QuantLinear", "quantize_linears",
 ]
 
 FP4 = torch.float4_e2m1fn_x2
@@ -234,3 +234,51 @@ def nvfp4_matmul(a, a_scale, b, b_scale, global_scale=None, out_dtype=torch.bflo
         _check(global_scale.numel() == 1, f"nvfp4_matmul: global_scale must be one value, got {tuple(global_scale.shape)}")
         global_scale = global_scale.reshape(()).float().to(a.device)
     return torch.ops.torchtpu.block_scaled_mm(a, a_scale, b, b_scale, global_scale, 16, out_dtype)
+
+
+# ---------------------------------------------------------------- modules
+class QuantLinear(torch.nn.Module):
+    """nn.Linear with packed low-precision weights (quantized along K).
+
+    ``fmt="fp8"``: float8_e4m3fn weights with row-wise scales; activations
+    quantized the same way at each call (dynamic W8A8), one torch._scaled_mm.
+    ``fmt="mxfp4"``: MXFP4 weights (e8m0 scales per 32), dequantized to the
+    activation dtype inside the call (W4A16, as gpt-oss' MXFP4 checkpoints)."""
+
+    def __init__(self, linear: torch.nn.Linear, fmt: str):
+        super().__init__()
+        _check(fmt in ("fp8", "mxfp4"), f"QuantLinear: fmt must be 'fp8' or 'mxfp4', got {fmt!r}")
+        self.fmt, self.in_features, self.out_features = fmt, linear.in_features, linear.out_features
+        w = linear.weight.detach()
+        if fmt == "fp8":
+            q, s = quantize_fp8(w, rowwise=True)
+        else:
+            q, s = quantize_mx(w.float() if w.dtype not in (torch.float32, torch.bfloat16) else w)
+        self.register_buffer("weight", q)
+        self.register_buffer("weight_scale", s)
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        if self.fmt == "fp8":
+            xq, xs = quantize_fp8(x2, rowwise=True)
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            y = fp8_matmul(xq, xs, self.weight, self.weight_scale, out_dtype=x.dtype, bias=bias)
+        else:
+            w = dequantize_mx(self.weight, self.weight_scale, x.dtype)
+            y = torch.nn.functional.linear(x2, w, self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, fmt={self.fmt}"
+
+
+def quantize_linears(model: torch.nn.Module, fmt: str, skip=("lm_head",)) -> torch.nn.Module:
+    """Replaces every nn.Linear (names containing an entry of ``skip`` excepted)
+    by a QuantLinear, in place; returns the model."""
+    for name, mod in list(model.named_modules()):
+        for cname, child in list(mod.named_children()):
+            full = f"{name}.{cname}" if name else cname
+            if isinstance(child, torch.nn.Linear) and not any(s in full for s in skip):
+                setattr(mod, cname, QuantLinear(child, fmt))
+    return model
