@@ -32,6 +32,7 @@ __all__ = [
     "quantize_mx", "dequantize_mx", "mx_matmul",
     "quantize_nvfp4", "dequantize_nvfp4", "nvfp4_matmul", "nvfp4_global_scale",
     "pack_fp4", "unpack_fp4", "QuantLinear", "quantize_linears",
+    "BlockFP8Linear", "dequantize_fp8_blocks", "load_fp8_checkpoint",
 ]
 
 FP4 = torch.float4_e2m1fn_x2
@@ -282,3 +283,104 @@ def quantize_linears(model: torch.nn.Module, fmt: str, skip=("lm_head",)) -> tor
             if isinstance(child, torch.nn.Linear) and not any(s in full for s in skip):
                 setattr(mod, cname, QuantLinear(child, fmt))
     return model
+
+
+# ---------------------------------------------------------------- fine-grained FP8 checkpoints
+@_fused
+def dequantize_fp8_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int],
+                          dtype=torch.bfloat16) -> torch.Tensor:
+    """float8 weight (N, K) with f32 block scales (ceil(N/bn), ceil(K/bk)) -> dtype."""
+    N, K = weight.shape
+    bn, bk = block
+    _check(tuple(scale_inv.shape) == (-(-N // bn), -(-K // bk)),
+           f"dequantize_fp8_blocks: scale_inv must have shape {(-(-N // bn), -(-K // bk))} for a "
+           f"({N}, {K}) weight and blocks {tuple(block)}, got {tuple(scale_inv.shape)}")
+    gn, gk = scale_inv.shape
+    s = scale_inv.float()[:, None, :, None].expand(gn, bn, gk, bk).reshape(gn * bn, gk * bk)[:N, :K]
+    return (weight.float() * s).to(dtype)
+
+
+class BlockFP8Linear(torch.nn.Module):
+    """Linear with float8_e4m3fn weights and f32 block scales: transformers'
+    fine-grained FP8 / DeepSeek checkpoints (`weight`, `weight_scale_inv`).
+    ``activations="bf16"``: the weight is dequantized in the call (W8A16, the
+    model transformers dequantizes on machines without fp8 kernels);
+    ``"fp8"``: activations quantized per 1x128 group and one blockwise
+    torch._scaled_mm (W8A8, 128x128 weight blocks only)."""
+
+    def __init__(self, weight, weight_scale_inv, block_size, bias=None, activations="bf16"):
+        super().__init__()
+        _check(weight.dtype == torch.float8_e4m3fn, f"BlockFP8Linear: weight must be float8_e4m3fn, got {weight.dtype}")
+        _check(activations in ("bf16", "fp8"), f"BlockFP8Linear: activations must be 'bf16' or 'fp8', got {activations!r}")
+        self.out_features, self.in_features = weight.shape
+        self.block_size, self.activations = tuple(block_size), activations
+        self.register_buffer("weight", weight)
+        self.register_buffer("weight_scale_inv", weight_scale_inv.float())
+        self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x):
+        x2 = x.reshape(-1, self.in_features)
+        if self.activations == "fp8" and self.block_size == (128, 128):
+            xq, xs = _quantize_fp8_groups(x2, 128)
+            y = torch._scaled_mm(xq, self.weight.T, xs, self.weight_scale_inv.T, out_dtype=x.dtype,
+                                 bias=None if self.bias is None else self.bias.to(x.dtype))
+        else:
+            w = dequantize_fp8_blocks(self.weight, self.weight_scale_inv, self.block_size, x.dtype)
+            y = torch.nn.functional.linear(x2, w, self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self):
+        return f"{self.in_features}, {self.out_features}, block_size={self.block_size}, activations={self.activations}"
+
+
+@_fused
+def _quantize_fp8_groups(x: torch.Tensor, group: int):
+    M, K = x.shape
+    _check(K % group == 0, f"fp8 activations: K = {K} is not a multiple of {group}")
+    xg = x.float().reshape(M, K // group, group)
+    s = (xg.abs().amax(-1) / 448.0).clamp(min=1e-12)
+    q = (xg / s[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn).reshape(M, K)
+    return q, s
+
+
+def load_fp8_checkpoint(path: str, device="tpu", dtype=torch.bfloat16, activations="bf16"):
+    """A transformers causal LM saved with a fine-grained FP8 config
+    (`quant_method: fp8`, `weight_block_size`), its FP8 linears kept packed
+    as BlockFP8Linear on `device` (transformers itself dequantizes them to
+    bf16 where it has no fp8 kernels)."""
+    import glob
+    import os
+
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(path)
+    qc = getattr(cfg, "quantization_config", None) or {}
+    qc = qc if isinstance(qc, dict) else qc.to_dict()
+    _check(qc.get("quant_method") == "fp8", f"load_fp8_checkpoint: {path} is not a fine-grained FP8 checkpoint ({qc})")
+    block = qc.get("weight_block_size") or None
+    plain = cfg.to_dict()
+    plain.pop("quantization_config")
+    cfg = type(cfg).from_dict(plain)  # the architecture with plain nn.Linear layers
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    state = {}
+    for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        state.update(load_file(f))
+    for name, mod in list(model.named_modules()):
+        for cname, child in list(mod.named_children()):
+            full = f"{name}.{cname}" if name else cname
+            if isinstance(child, torch.nn.Linear) and f"{full}.weight_scale_inv" in state:
+                w, s = state.pop(f"{full}.weight"), state.pop(f"{full}.weight_scale_inv")
+                b = state.pop(f"{full}.bias", None)
+                blk = block or list(w.shape)
+                setattr(mod, cname, BlockFP8Linear(w, s, blk, b, activations))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = getattr(cfg, "tie_word_embeddings", False)
+    packed = {n for n, m in model.named_modules() if isinstance(m, BlockFP8Linear)}
+    missing = [k for k in missing
+               if not (tied and k == "lm_head.weight") and k.rsplit(".", 1)[0] not in packed]
+    _check(not unexpected, f"load_fp8_checkpoint: unexpected tensors {unexpected[:5]}")
+    _check(not missing, f"load_fp8_checkpoint: tensors missing from {path}: {missing[:5]}")
+    if tied:
+        model.tie_weights()
+    return model.to(device).eval()
