@@ -165,3 +165,34 @@ def test_quant_linear(fmt):
     got = ql(x.to("tpu")).cpu()
     assert got.dtype == torch.bfloat16 and got.shape == (2, 3, 32)
     torch.testing.assert_close(got.float(), want, rtol=2 ** -7, atol=2e-2)
+
+
+@pytest.mark.slow
+def test_torchao_float8_training_matches_cpu():
+    """torchao's convert_to_float8_training (tensor-wise fp8 _scaled_mm in
+    forward and backward) trains a tiny MLP on tpu as on CPU."""
+    import copy
+
+    fp8_train = pytest.importorskip("torchao.float8")
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32))
+    x, y = torch.randn(16, 64), torch.randn(16, 32)
+    runs = {}
+    for dev in ("cpu", "tpu"):
+        m = fp8_train.convert_to_float8_training(copy.deepcopy(mlp)).to(dev)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        torchtpu.reset_metrics()
+        losses = []
+        for _ in range(3):
+            loss = torch.nn.functional.mse_loss(m(x.to(dev)), y.to(dev))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        if dev == "tpu":
+            assert torchtpu.metrics()["cpu_fallbacks"] == {}
+            assert torchtpu.metrics()["native_ops"].get("aten::_scaled_mm", 0) >= 9
+        runs[dev] = losses, [p.detach().cpu() for p in m.parameters()]
+    torch.testing.assert_close(runs["tpu"][0], runs["cpu"][0], rtol=1e-5, atol=0)
+    for a, b in zip(*(runs[d][1] for d in ("tpu", "cpu"))):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
