@@ -164,3 +164,18 @@ def test_lowp_casts_are_native():
     for dt in F8:
         x.to(dt).float().cpu()
     assert torchtpu.metrics()["cpu_fallbacks"] == {}
+
+
+def test_fp4x2_arithmetic_raises_like_cpu():
+    """Packed pairs are bytes on tpu: ops that would compute on them raise
+    (as CPU's), data movement works."""
+    c = torch.tensor([1, 2, 0x3f], dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    t = c.to("tpu")
+    for f in (lambda u: u + u, lambda u: u * 2, lambda u: u.sum(), lambda u: -u, lambda u: u.max(),
+              lambda u: u.clone().fill_(1)):
+        with pytest.raises(NotImplementedError, match="Float4_e2m1fn_x2"):
+            f(c)
+        with pytest.raises(NotImplementedError, match="Float4_e2m1fn_x2"):
+            f(t)
+    assert_same_bits(torch.where(t == t, t, t), torch.where(c == c, c, c))
+    assert_same_bits(t.flip(0), c.view(torch.uint8).flip(0).view(torch.float4_e2m1fn_x2))

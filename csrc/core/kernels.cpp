@@ -615,6 +615,24 @@ static const OpStatic& GetOpStatic(const c10::FunctionSchema& schema) {
   return *slot;
 }
 
+// float4_e2m1fn_x2 storages are bytes (ToET): only ops that move data see
+// its values correctly; any other op would compute on the bytes, so it raises
+// as CPU does. Checked where the meta result is computed (not per call).
+static void CheckPackedFp4(const std::string& name, const std::vector<at::Tensor>& inputs) {
+  static const std::unordered_set<std::string> moves = {
+      "cat", "stack", "clone", "index", "index_select", "where", "eq", "ne", "flip", "roll",
+      "zero_", "index_put", "index_put_", "_index_put_impl_", "gather", "slice_scatter",
+      "select_scatter", "_to_copy", "copy", "copy_"};
+  for (const at::Tensor& t : inputs) {
+    if (!t.defined() || t.scalar_type() != c10::kFloat4_e2m1fn_x2) continue;
+    std::string base = name.substr(name.find("::") + 2);
+    base = base.substr(0, base.find('.'));
+    TORCH_CHECK_NOT_IMPLEMENTED(moves.count(base) || name.rfind("torchtpu::", 0) == 0, "\"", name,
+                                "\" not implemented for 'Float4_e2m1fn_x2' (packed fp4 pairs: "
+                                "unpack them, e.g. torchtpu.quant.unpack_fp4)");
+  }
+}
+
 void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const OpStatic& info = GetOpStatic(schema);
@@ -641,6 +659,7 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     mr = std::make_shared<MetaResult>();
   }
   if (!mr) {
+    CheckPackedFp4(name, flat_inputs);
     MetaConv mc;
     torch::jit::Stack mstack;
     for (auto& a : args) mstack.push_back(mc.Convert(a));
