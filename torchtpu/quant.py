@@ -33,6 +33,7 @@ __all__ = [
     "quantize_nvfp4", "dequantize_nvfp4", "nvfp4_matmul", "nvfp4_global_scale",
     "pack_fp4", "unpack_fp4", "QuantLinear", "quantize_linears",
     "BlockFP8Linear", "dequantize_fp8_blocks", "load_fp8_checkpoint",
+    "PackedMXFP4Experts", "load_mxfp4_checkpoint",
 ]
 
 FP4 = torch.float4_e2m1fn_x2
@@ -348,6 +349,49 @@ def load_fp8_checkpoint(path: str, device="tpu", dtype=torch.bfloat16, activatio
     (`quant_method: fp8`, `weight_block_size`), its FP8 linears kept packed
     as BlockFP8Linear on `device` (transformers itself dequantizes them to
     bf16 where it has no fp8 kernels)."""
+    cfg, qc, model, state = _plain_model(path, "fp8", dtype)
+    block = qc.get("weight_block_size") or None
+    for name, mod in list(model.named_modules()):
+        for cname, child in list(mod.named_children()):
+            full = f"{name}.{cname}" if name else cname
+            if isinstance(child, torch.nn.Linear) and f"{full}.weight_scale_inv" in state:
+                w, s = state.pop(f"{full}.weight"), state.pop(f"{full}.weight_scale_inv")
+                b = state.pop(f"{full}.bias", None)
+                setattr(mod, cname, BlockFP8Linear(w, s, block or list(w.shape), b, activations))
+    _load_rest(model, cfg, state, (BlockFP8Linear,), path)
+    return model.to(device).eval()
+
+
+# ---------------------------------------------------------------- MXFP4 (gpt-oss) checkpoints
+class PackedMXFP4Experts(torch.nn.Module):
+    """One stacked expert weight kept as MXFP4 (gpt-oss' `*_blocks` /
+    `*_scales`: (E, R, K/32, 16) bytes, element 2i in the low nibble, and
+    (E, R, K/32) biased e8m0 exponents). Indexing an expert dequantizes it
+    to the (K, R) matrix transformers' experts multiply by."""
+
+    def __init__(self, blocks: torch.Tensor, scales: torch.Tensor, dtype=torch.bfloat16):
+        super().__init__()
+        E, R, G, B = blocks.shape
+        _check(B == 16 and tuple(scales.shape) == (E, R, G),
+               f"PackedMXFP4Experts: blocks (E, R, G, 16) and scales (E, R, G) expected, got "
+               f"{tuple(blocks.shape)} and {tuple(scales.shape)}")
+        self.dtype = dtype
+        self.register_buffer("blocks", blocks.contiguous().view(torch.uint8).reshape(E, R, G * 16).view(FP4))
+        self.register_buffer("scales", scales.contiguous().view(torch.uint8).view(E8M0))
+
+    def __getitem__(self, expert):
+        return dequantize_mx(self.blocks[expert], self.scales[expert], self.dtype).transpose(-1, -2)
+
+    @property
+    def shape(self):
+        E, R, H = self.blocks.shape
+        return torch.Size((E, 2 * H, R))
+
+
+E8M0 = torch.float8_e8m0fnu
+
+
+def _plain_model(path, quant_method, dtype):
     import glob
     import os
 
@@ -357,30 +401,45 @@ def load_fp8_checkpoint(path: str, device="tpu", dtype=torch.bfloat16, activatio
     cfg = AutoConfig.from_pretrained(path)
     qc = getattr(cfg, "quantization_config", None) or {}
     qc = qc if isinstance(qc, dict) else qc.to_dict()
-    _check(qc.get("quant_method") == "fp8", f"load_fp8_checkpoint: {path} is not a fine-grained FP8 checkpoint ({qc})")
-    block = qc.get("weight_block_size") or None
+    _check(qc.get("quant_method") == quant_method,
+           f"{path} is not a {quant_method} checkpoint (quantization_config: {qc})")
     plain = cfg.to_dict()
     plain.pop("quantization_config")
-    cfg = type(cfg).from_dict(plain)  # the architecture with plain nn.Linear layers
+    cfg = type(cfg).from_dict(plain)  # the architecture with plain modules
+    if hasattr(cfg, "_experts_implementation"):
+        cfg._experts_implementation = "eager"  # per-expert weights (the packed ones index)
     model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     state = {}
     for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
         state.update(load_file(f))
-    for name, mod in list(model.named_modules()):
-        for cname, child in list(mod.named_children()):
-            full = f"{name}.{cname}" if name else cname
-            if isinstance(child, torch.nn.Linear) and f"{full}.weight_scale_inv" in state:
-                w, s = state.pop(f"{full}.weight"), state.pop(f"{full}.weight_scale_inv")
-                b = state.pop(f"{full}.bias", None)
-                blk = block or list(w.shape)
-                setattr(mod, cname, BlockFP8Linear(w, s, blk, b, activations))
+    return cfg, qc, model, state
+
+
+def _load_rest(model, cfg, state, packed_types, path):
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = getattr(cfg, "tie_word_embeddings", False)
-    packed = {n for n, m in model.named_modules() if isinstance(m, BlockFP8Linear)}
+    packed = {n for n, m in model.named_modules() if isinstance(m, packed_types)}
     missing = [k for k in missing
                if not (tied and k == "lm_head.weight") and k.rsplit(".", 1)[0] not in packed]
-    _check(not unexpected, f"load_fp8_checkpoint: unexpected tensors {unexpected[:5]}")
-    _check(not missing, f"load_fp8_checkpoint: tensors missing from {path}: {missing[:5]}")
+    _check(not unexpected, f"{path}: unexpected tensors {unexpected[:5]}")
+    _check(not missing, f"{path}: tensors missing: {missing[:5]}")
     if tied:
         model.tie_weights()
+
+
+def load_mxfp4_checkpoint(path: str, device="tpu", dtype=torch.bfloat16):
+    """A transformers MXFP4 checkpoint (gpt-oss format: experts'
+    `{gate_up,down}_proj_blocks` / `_scales`) with the expert weights kept
+    packed (PackedMXFP4Experts) on `device`; each expert is dequantized when
+    the experts' eager loop uses it (transformers dequantizes the whole model
+    to bf16 where it has no MXFP4 kernels)."""
+    cfg, _, model, state = _plain_model(path, "mxfp4", dtype)
+    for name, mod in list(model.named_modules()):
+        for proj in ("gate_up_proj", "down_proj"):
+            key = f"{name}.{proj}_blocks"
+            if key in state:
+                blocks, scales = state.pop(key), state.pop(f"{name}.{proj}_scales")
+                delattr(mod, proj)
+                setattr(mod, proj, PackedMXFP4Experts(blocks, scales, dtype))
+    _load_rest(model, cfg, state, (PackedMXFP4Experts,), path)
     return model.to(device).eval()
