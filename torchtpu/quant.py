@@ -72,11 +72,11 @@ def _f32_to_e2m1(x: torch.Tensor) -> torch.Tensor:
 
 
 def _e2m1_to_f32(code: torch.Tensor) -> torch.Tensor:
+    """e2m1 codes -> f32, built from the bits: 2^(e-1) * (1 + m/2), or m/2 when e == 0."""
     c = code.to(torch.int32)
-    e = (c >> 1) & 3
-    m = (c & 1).float()
-    mag = torch.where(e == 0, m * 0.5, torch.exp2((e - 1).float()) * (1.0 + m * 0.5))
-    return torch.where((c & 8) != 0, -mag, mag)
+    e, m = (c >> 1) & 3, c & 1
+    bits = torch.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22))
+    return (bits | ((c & 8) << 28)).view(torch.float32)
 
 
 @_fused
@@ -102,8 +102,7 @@ def _values(q: torch.Tensor) -> torch.Tensor:
 
 def _dequantize_blocks(q: torch.Tensor, scale: torch.Tensor, block: int) -> torch.Tensor:
     v = _values(q)
-    s = scale.float().repeat_interleave(block, dim=-1)
-    return v * s
+    return (v.unflatten(-1, (-1, block)) * scale.float().unsqueeze(-1)).flatten(-2)
 
 
 # ---------------------------------------------------------------- FP8
