@@ -196,3 +196,27 @@ def test_scaled_mm_is_native():
     F.scaled_mm(a, b, one, ST.TensorWise, one, ST.TensorWise).cpu()
     m = torchtpu.metrics()
     assert m["cpu_fallbacks"] == {}
+
+
+@pytest.mark.slow
+def test_scaled_matmuls_in_compiled_graph():
+    from torchtpu import quant as Q
+
+    torch.manual_seed(0)
+    x, w = torch.randn(16, 64), torch.randn(32, 64)
+    qa, sa = [t.to("tpu") for t in Q.quantize_mx(x)]
+    qb, sb = [t.to("tpu") for t in Q.quantize_mx(w)]
+    a8, b8 = tpu(x.to(E4), w.to(E4))
+    one = torch.tensor(0.5, device="tpu")
+
+    def f(qa, sa, qb, sb, a8, b8, one):
+        return (Q.mx_matmul(qa, sa, qb, sb, out_dtype=torch.float32)
+                + torch._scaled_mm(a8, b8.T, one, one, out_dtype=torch.float32))
+
+    want = f(qa, sa, qb, sb, a8, b8, one).cpu()
+    before = torchtpu.metrics()["compile"]
+    got = torch.compile(f, backend="tpu", dynamic=False)(qa, sa, qb, sb, a8, b8, one).cpu()
+    after = torchtpu.metrics()["compile"]
+    assert after["graphs_compiled"] == before["graphs_compiled"] + 1
+    assert after["graph_fallbacks"] == before["graph_fallbacks"]
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
