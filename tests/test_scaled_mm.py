@@ -220,3 +220,11 @@ def test_scaled_matmuls_in_compiled_graph():
     assert after["graphs_compiled"] == before["graphs_compiled"] + 1
     assert after["graph_fallbacks"] == before["graph_fallbacks"]
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("dt", [torch.float8_e4m3fnuz, torch.float8_e5m2fnuz], ids=str)
+def test_scaled_mm_fnuz_vs_cpu(dt):
+    a, b = fp8((16, 32), dt, 20, 4.0), col_major(fp8((32, 16), dt, 21, 4.0))
+    sa, sb = torch.tensor(0.5), torch.tensor(3.0)
+    want = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.float32)
+    close(torch._scaled_mm(*tpu(a, b, sa, sb), out_dtype=torch.float32), want)
