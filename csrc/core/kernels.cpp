@@ -622,7 +622,8 @@ static void CheckPackedFp4(const std::string& name, const std::vector<at::Tensor
   static const std::unordered_set<std::string> moves = {
       "cat", "stack", "clone", "index", "index_select", "where", "eq", "ne", "flip", "roll",
       "zero_", "index_put", "index_put_", "_index_put_impl_", "gather", "slice_scatter",
-      "select_scatter", "_to_copy", "copy", "copy_"};
+      "select_scatter", "_to_copy", "copy", "copy_",
+      "_scaled_mm", "_scaled_mm_v2"};  // these two unpack the nibbles (ops/lowp.cpp)
   for (const at::Tensor& t : inputs) {
     if (!t.defined() || t.scalar_type() != c10::kFloat4_e2m1fn_x2) continue;
     std::string base = name.substr(name.find("::") + 2);
