@@ -84,6 +84,7 @@ def _register() -> None:
         torch._register_device_module("tpu", device_module)
         torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
                                                              for_packed_sequence=True, for_storage=True)
+        from . import _quant_ops  # noqa: F401  torchtpu:: op schemas, bound natively next
         _C._register_kernels()
         # XLA devices compute in bfloat16 natively: make it autocast's default.
         torch.set_autocast_dtype("tpu", torch.bfloat16)

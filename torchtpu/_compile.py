@@ -22,7 +22,8 @@ from torch._ops import OpOverload
 _ET = {torch.bool: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.uint8: 5,
        torch.uint16: 6, torch.uint32: 7, torch.uint64: 8, torch.float16: 9, torch.bfloat16: 10,
        torch.float32: 11, torch.float64: 12, torch.complex64: 13, torch.complex128: 14,
-       torch.float8_e4m3fn: 15, torch.float8_e5m2: 16, torch.float8_e8m0fnu: 17}
+       torch.float8_e4m3fn: 15, torch.float8_e5m2: 16, torch.float8_e8m0fnu: 17,
+       torch.float8_e4m3fnuz: 19, torch.float8_e5m2fnuz: 20}
 
 stats = {"graphs_compiled": 0, "graphs_split": 0, "graph_fallbacks": 0, "graph_calls": 0, "graphs_loaded": 0,
          "aot_cache_hits": 0, "aot_cache_misses": 0, "aot_cache_bypasses": 0}

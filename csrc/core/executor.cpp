@@ -104,6 +104,8 @@ ET ToET(c10::ScalarType t) {
     case c10::kFloat8_e4m3fn: return ET::F8E4M3FN;
     case c10::kFloat8_e5m2: return ET::F8E5M2;
     case c10::kFloat8_e8m0fnu: return ET::F8E8M0FNU;
+    case c10::kFloat8_e4m3fnuz: return ET::F8E4M3FNUZ;
+    case c10::kFloat8_e5m2fnuz: return ET::F8E5M2FNUZ;
     case c10::kFloat4_e2m1fn_x2: return ET::U8;  // packed pairs: bytes
     default:
       TORCH_CHECK_TYPE(false, "torchtpu: dtype ", t, " is not supported on the tpu device");
@@ -130,6 +132,8 @@ c10::ScalarType ToScalarType(ET t) {
     case ET::F8E4M3FN: return c10::kFloat8_e4m3fn;
     case ET::F8E5M2: return c10::kFloat8_e5m2;
     case ET::F8E8M0FNU: return c10::kFloat8_e8m0fnu;
+    case ET::F8E4M3FNUZ: return c10::kFloat8_e4m3fnuz;
+    case ET::F8E5M2FNUZ: return c10::kFloat8_e5m2fnuz;
     default: TORCH_CHECK(false, "torchtpu: no torch dtype for ", hlo::ETName(t));
   }
 }
@@ -155,6 +159,8 @@ PJRT_Buffer_Type ToPjrt(ET t) {
     case ET::F8E5M2: return PJRT_Buffer_Type_F8E5M2;
     case ET::F8E8M0FNU: return PJRT_Buffer_Type_F8E8M0FNU;
     case ET::F4E2M1FN: return PJRT_Buffer_Type_F4E2M1FN;
+    case ET::F8E4M3FNUZ: return PJRT_Buffer_Type_F8E4M3FNUZ;
+    case ET::F8E5M2FNUZ: return PJRT_Buffer_Type_F8E5M2FNUZ;
   }
   return PJRT_Buffer_Type_INVALID;
 }

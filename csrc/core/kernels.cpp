@@ -7,6 +7,7 @@
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_copy_from_and_resize_native.h>
+#include <map>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/empty.h>
@@ -162,6 +163,12 @@ static uint64_t Signature(const std::string& name, const std::vector<at::Tensor>
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(self.sizes() == dst.sizes() || self.numel() == dst.numel() || true);
+  // packed fp4 pairs are bytes here (ToET): like CPU, no value conversions
+  TORCH_CHECK(self.scalar_type() == dst.scalar_type() ||
+                  (self.scalar_type() != c10::kFloat4_e2m1fn_x2 &&
+                   dst.scalar_type() != c10::kFloat4_e2m1fn_x2),
+              "\"copy_\" not implemented for 'Float4_e2m1fn_x2' (", self.scalar_type(), " -> ",
+              dst.scalar_type(), ")");
   if (dst.numel() == 0) return dst;
   if (IsTpu(self) && !IsTpu(dst)) {
     // device -> host: read the source view contiguously, then let CPU copy_
@@ -178,7 +185,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     // and Negative fallthroughs below)
     if (self.is_conj()) host = host.conj_physical();
     if (self.is_neg()) host = host.neg();
-    dst.copy_(host);
+    if (dst.scalar_type() == c10::kFloat4_e2m1fn_x2)  // CPU has no strided copy for it: bytes
+      dst.view(c10::kByte).copy_(host.view(c10::kByte));
+    else
+      dst.copy_(host);
     return dst;
   }
   // Same memory-overlap rules as CPU's copy_: a destination whose elements
@@ -193,6 +203,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     // host -> device
     at::Tensor src = self.resolve_conj().resolve_neg();
     if (src.scalar_type() != dst.scalar_type()) src = src.to(dst.scalar_type());
+    if (src.scalar_type() == c10::kFloat4_e2m1fn_x2) src = src.view(c10::kByte);  // as above
     src = src.expand(dst.sizes()).contiguous();
     ET et = ToET(src.scalar_type());
     int64_t nbytes = src.numel() * src.element_size();
@@ -764,6 +775,25 @@ static const OpStatic& GetOpStatic(const c10::FunctionSchema& schema) {
   return *slot;
 }
 
+// float4_e2m1fn_x2 storages are bytes (ToET): only ops that move data see
+// its values correctly; any other op would compute on the bytes, so it raises
+// as CPU does. Checked where the meta result is computed (not per call).
+static void CheckPackedFp4(const std::string& name, const std::vector<at::Tensor>& inputs) {
+  static const std::unordered_set<std::string> moves = {
+      "cat", "stack", "clone", "index", "index_select", "where", "eq", "ne", "flip", "roll",
+      "zero_", "index_put", "index_put_", "_index_put_impl_", "gather", "slice_scatter",
+      "select_scatter", "_to_copy", "copy", "copy_",
+      "_scaled_mm", "_scaled_mm_v2"};  // these two unpack the nibbles (ops/lowp.cpp)
+  for (const at::Tensor& t : inputs) {
+    if (!t.defined() || t.scalar_type() != c10::kFloat4_e2m1fn_x2) continue;
+    std::string base = name.substr(name.find("::") + 2);
+    base = base.substr(0, base.find('.'));
+    TORCH_CHECK_NOT_IMPLEMENTED(moves.count(base) || name.rfind("torchtpu::", 0) == 0, "\"", name,
+                                "\" not implemented for 'Float4_e2m1fn_x2' (packed fp4 pairs: "
+                                "unpack them, e.g. torchtpu.quant.unpack_fp4)");
+  }
+}
+
 void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const OpStatic& info = GetOpStatic(schema);
@@ -791,6 +821,7 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   }
   if (!mr) mr = OwnMeta(name, args);
   if (!mr) {
+    CheckPackedFp4(name, flat_inputs);
     MetaConv mc;
     torch::jit::Stack mstack;
     for (auto& a : args) mstack.push_back(mc.Convert(a));
@@ -1190,17 +1221,22 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 // Registers the generic native kernel for every op in the lowering registry
 // (called once at import, after all lowerings have registered).
 void RegisterNativeKernels() {
-  static std::unique_ptr<torch::Library> lib;
-  if (lib) return;
-  lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
-                                         std::optional<c10::DispatchKey>(c10::DispatchKey::PrivateUse1),
-                                         __FILE__, __LINE__);
+  // one library per namespace: aten, and torchtpu (ops defined in Python,
+  // torchtpu/quant.py, before this runs)
+  static std::map<std::string, std::unique_ptr<torch::Library>> libs;
+  if (!libs.empty()) return;
   for (const std::string& full : ops::RegisteredOps()) {
-    std::string n = full.substr(6);  // drop "aten::"
+    size_t sep = full.find("::");
+    std::string ns = full.substr(0, sep), n = full.substr(sep + 2);
     size_t dot = n.find('.');
-    c10::OperatorName opname("aten::" + n.substr(0, dot), dot == std::string::npos ? "" : n.substr(dot + 1));
+    c10::OperatorName opname(ns + "::" + n.substr(0, dot), dot == std::string::npos ? "" : n.substr(dot + 1));
     auto handle = c10::Dispatcher::singleton().findSchema(opname);
     if (!handle) continue;
+    auto& lib = libs[ns];
+    if (!lib)
+      lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns,
+                                             std::optional<c10::DispatchKey>(c10::DispatchKey::PrivateUse1),
+                                             __FILE__, __LINE__);
     if (ops::Find(full)->graph_only) continue;
     // Composite ops decompose above us (their autograd comes from the
     // decomposition); a backend kernel would bypass it. Their lowerings still

@@ -30,6 +30,8 @@ const char* ETName(ET t) {
     case ET::F8E5M2: return "f8E5M2";
     case ET::F8E8M0FNU: return "f8E8M0FNU";
     case ET::F4E2M1FN: return "f4E2M1FN";
+    case ET::F8E4M3FNUZ: return "f8E4M3FNUZ";
+    case ET::F8E5M2FNUZ: return "f8E5M2FNUZ";
   }
   return "?";
 }
@@ -37,7 +39,7 @@ const char* ETName(ET t) {
 int ETBytes(ET t) {
   switch (t) {
     case ET::PRED: case ET::S8: case ET::U8: case ET::F8E4M3FN: case ET::F8E5M2:
-    case ET::F8E8M0FNU: case ET::F4E2M1FN:
+    case ET::F8E8M0FNU: case ET::F4E2M1FN: case ET::F8E4M3FNUZ: case ET::F8E5M2FNUZ:
       return 1;
     case ET::S16: case ET::U16: case ET::F16: case ET::BF16: return 2;
     case ET::S32: case ET::U32: case ET::F32: return 4;
@@ -50,7 +52,8 @@ int ETBytes(ET t) {
 bool IsFloat(ET t) {
   switch (t) {
     case ET::F16: case ET::BF16: case ET::F32: case ET::F64: case ET::F8E4M3FN:
-    case ET::F8E5M2: case ET::F8E8M0FNU: case ET::F4E2M1FN:
+    case ET::F8E5M2: case ET::F8E8M0FNU: case ET::F4E2M1FN: case ET::F8E4M3FNUZ:
+    case ET::F8E5M2FNUZ:
       return true;
     default: return false;
   }

@@ -13,7 +13,7 @@ namespace tt::hlo {
 
 enum class ET : uint8_t {
   PRED, S8, S16, S32, S64, U8, U16, U32, U64, F16, BF16, F32, F64, C64, C128,
-  F8E4M3FN, F8E5M2, F8E8M0FNU, F4E2M1FN,
+  F8E4M3FN, F8E5M2, F8E8M0FNU, F4E2M1FN, F8E4M3FNUZ, F8E5M2FNUZ,
 };
 const char* ETName(ET t);   // "f32", "i1", "complex<f32>", ...
 int ETBytes(ET t);          // storage bytes per element (bool: 1)

@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "lowp.h"
 #include "registry.h"
 
 namespace tt::ops {
@@ -105,6 +106,7 @@ Dims NormDims(const std::vector<int64_t>& ds, int64_t rank) {
 
 Value Cast(Builder& b, Value v, ET et) {
   if (v.et() == et) return v;
+  if (IsLowpFloat(v.et()) || IsLowpFloat(et)) return LowpCast(b, v, et);  // ops/lowp.cpp
   if (et == ET::PRED) {
     // bool(x) is x != 0
     return b.Compare(v, b.Zeros(v.type), "NE");
@@ -121,7 +123,7 @@ Value Bcast(Builder& b, Value v, const Dims& dims, ET et) {
 }
 
 ET ComputeType(ET out) {
-  if (out == ET::F16 || out == ET::BF16 || out == ET::F8E4M3FN || out == ET::F8E5M2) return ET::F32;
+  if (out == ET::F16 || out == ET::BF16 || IsLowpFloat(out)) return ET::F32;
   return out;
 }
 

@@ -1,0 +1,166 @@
+"""transformers fine-grained FP8 checkpoints (weight + 128x128 f32
+weight_scale_inv, DeepSeek's layout) made locally from a tiny Llama config:
+loaded on tpu with the weights packed, generating the tokens of the model
+transformers dequantizes on CPU."""
+import json
+import os
+
+import pytest
+import torch
+
+import torchtpu
+from torchtpu import quant as Q
+
+# transformers' import and model building take seconds: the slow tier
+pytestmark = pytest.mark.slow
+transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+
+def make_fp8_checkpoint(path):
+    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=384,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    sd = {}
+    for k, v in model.state_dict().items():
+        if k.endswith(".weight") and v.dim() == 2 and "embed" not in k and "lm_head" not in k:
+            N, K = v.shape
+            nb, kb = -(-N // 128), -(-K // 128)
+            pad = torch.zeros(nb * 128, kb * 128)
+            pad[:N, :K] = v.float()
+            s = (pad.view(nb, 128, kb, 128).abs().amax((1, 3)) / 448).clamp(min=1e-12)
+            se = s.repeat_interleave(128, 0)[:N].repeat_interleave(128, 1)[:, :K]
+            sd[k] = (v.float() / se).clamp(-448, 448).to(torch.float8_e4m3fn)
+            sd[k[:-len("weight")] + "weight_scale_inv"] = s
+        elif k != "lm_head.weight" or not cfg.tie_word_embeddings:
+            sd[k] = v.contiguous()
+    os.makedirs(path, exist_ok=True)
+    safetensors_torch.save_file(sd, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    d = cfg.to_dict()
+    d.update(architectures=["LlamaForCausalLM"], torch_dtype="bfloat16",
+             quantization_config={"quant_method": "fp8", "activation_scheme": "dynamic",
+                                  "weight_block_size": [128, 128]})
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(d, f)
+    return sd
+
+
+@pytest.fixture(scope="module")
+def fp8_checkpoint(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("fp8ck"))
+    sd = make_fp8_checkpoint(path)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path).eval()  # dequantized on CPU
+    return path, sd, ref
+
+
+IDS = torch.tensor([[1, 17, 42, 99, 3]])
+
+
+def test_fp8_checkpoint_loads_packed(fp8_checkpoint):
+    path, sd, ref = fp8_checkpoint
+    model = Q.load_fp8_checkpoint(path)
+    packed = [m for m in model.modules() if isinstance(m, Q.BlockFP8Linear)]
+    assert len(packed) == 14
+    for m in packed:
+        assert m.weight.device.type == "tpu" and m.weight.dtype == torch.float8_e4m3fn
+    fp8_bytes = sum(m.weight.nbytes + m.weight_scale_inv.nbytes for m in packed)
+    bf16_bytes = sum(2 * m.weight.numel() for m in packed)
+    assert fp8_bytes < 0.51 * bf16_bytes
+    up = model.model.layers[0].mlp.up_proj
+    assert torch.equal(up.weight.cpu().view(torch.uint8),
+                       sd["model.layers.0.mlp.up_proj.weight"].view(torch.uint8))
+    torchtpu.reset_metrics()
+    with torch.no_grad():
+        got = model(IDS.to("tpu")).logits.float().cpu()
+        want = ref(IDS).logits.float()
+    assert torchtpu.metrics()["cpu_fallbacks"] == {}
+    torch.testing.assert_close(got, want, rtol=0.02, atol=0.02 * want.abs().max().item())
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_fp8_checkpoint_generates_like_dequantized_cpu(fp8_checkpoint):
+    path, _, ref = fp8_checkpoint
+    want = ref.generate(IDS, max_new_tokens=8, do_sample=False)
+    model = Q.load_fp8_checkpoint(path)
+    got = model.generate(IDS.to("tpu"), max_new_tokens=8, do_sample=False).cpu()
+    assert got.tolist() == want.tolist()
+    # W8A8: activations in fp8 per 1x128 group, one blockwise _scaled_mm per linear
+    model8 = Q.load_fp8_checkpoint(path, activations="fp8")
+    with torch.no_grad():
+        l16 = model(IDS.to("tpu")).logits.float().cpu()
+        l8 = model8(IDS.to("tpu")).logits.float().cpu()
+    assert (l16 - l8).abs().max() < 0.1 * l16.abs().max()
+
+
+def test_fp8_checkpoint_rejects_other_formats(tmp_path):
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=1, num_attention_heads=2)
+    cfg.save_pretrained(str(tmp_path))
+    with pytest.raises(ValueError, match="not a fp8 checkpoint"):
+        Q.load_fp8_checkpoint(str(tmp_path))
+
+
+def make_mxfp4_checkpoint(path):
+    """A tiny gpt-oss with its experts in the MXFP4 checkpoint format."""
+    cfg = transformers.GptOssConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+        max_position_embeddings=64, layer_types=["sliding_attention", "full_attention"], sliding_window=16)
+    torch.manual_seed(0)
+    model = transformers.GptOssForCausalLM(cfg).to(torch.bfloat16)
+    sd = {}
+    for k, v in model.state_dict().items():
+        if k.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            w = v.float().transpose(1, 2)  # (E, R, K): quantized along K
+            E, R, K = w.shape
+            xb = w.reshape(E, R, K // 32, 32)
+            # plain-PyTorch MXFP4 (OCP FLOOR scale, e2m1 round-to-nearest-even, saturating)
+            exp = torch.floor(torch.log2(xb.abs().amax(-1))) - 2
+            scaled = xb / torch.exp2(exp)[..., None]
+            grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+            mag = scaled.abs().clamp(max=6.0)
+            d = (mag[..., None] - grid).abs()
+            code = d.argmin(-1)  # ties: the even (lower) code ...
+            tie = (d.min(-1).values[..., None] == d).sum(-1) > 1
+            code = torch.where(tie & (code % 2 == 1), code + 1, code)  # ... round half to even
+            code = code + 8 * (scaled < 0)
+            code = code.reshape(E, R, K).to(torch.uint8)
+            sd[k + "_blocks"] = (code[..., ::2] | (code[..., 1::2] << 4)).reshape(E, R, K // 32, 16)
+            sd[k + "_scales"] = (exp + 127).to(torch.uint8)
+        else:
+            sd[k] = v.contiguous()
+    os.makedirs(path, exist_ok=True)
+    safetensors_torch.save_file(sd, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    d = cfg.to_dict()
+    d.update(architectures=["GptOssForCausalLM"], torch_dtype="bfloat16",
+             quantization_config={"quant_method": "mxfp4", "modules_to_not_convert": [
+                 "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]})
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(d, f)
+    return sd
+
+
+def test_mxfp4_checkpoint_loads_packed_and_generates(tmp_path):
+    sd = make_mxfp4_checkpoint(str(tmp_path))
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()  # dequantized on CPU
+    ref.config._experts_implementation = "eager"
+    model = Q.load_mxfp4_checkpoint(str(tmp_path))
+    experts = model.model.layers[0].mlp.experts
+    for proj in ("gate_up_proj", "down_proj"):
+        p = getattr(experts, proj)
+        assert isinstance(p, Q.PackedMXFP4Experts) and p.blocks.device.type == "tpu"
+        assert p.blocks.dtype == torch.float4_e2m1fn_x2 and p.scales.dtype == torch.float8_e8m0fnu
+        raw = sd[f"model.layers.0.mlp.experts.{proj}_blocks"]
+        assert torch.equal(p.blocks.cpu().view(torch.uint8), raw.reshape(raw.shape[0], raw.shape[1], -1))
+        want = getattr(ref.model.layers[0].mlp.experts, proj)
+        assert torch.equal(torch.stack([p[e].cpu() for e in range(4)]), want.detach())
+    torchtpu.reset_metrics()
+    with torch.no_grad():
+        torch.testing.assert_close(model(IDS.to("tpu")).logits.float().cpu(), ref(IDS).logits.float(),
+                                   rtol=1e-2, atol=1e-2)
+    assert torchtpu.metrics()["cpu_fallbacks"] == {}
+    want = ref.generate(IDS, max_new_tokens=6, do_sample=False)
+    got = model.generate(IDS.to("tpu"), max_new_tokens=6, do_sample=False).cpu()
+    assert got.tolist() == want.tolist()
