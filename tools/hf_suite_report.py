@@ -62,7 +62,7 @@ def main(out: str) -> None:
     tpu_only = collections.defaultdict(list)     # cause -> [model::test]
     both = collections.defaultdict(list)
     cpu_only = []
-    extra_tpu = collections.Counter()           # tests CPU skipped that tpu ran
+    extra_tpu = collections.defaultdict(list)   # (model, tpu status) -> tests CPU skipped that tpu ran
     missing = collections.defaultdict(list)     # model -> tests CPU ran that tpu did not report
     for model in sorted(runs):
         r = runs[model]
@@ -88,7 +88,7 @@ def main(out: str) -> None:
                 elif cs in FAILED and ts == "passed":
                     cpu_only.append(f"{model}::{test}")
                 elif cs == "skipped" and ts != "skipped":
-                    extra_tpu[(model, ts)] += 1
+                    extra_tpu[(model, ts)].append(test)
         print("| " + " | ".join(row) + f" | {n_tpu_only if tpu is not None and cpu is not None else '-'} |")
 
     def groups(title: str, g: dict) -> None:
@@ -107,10 +107,19 @@ def main(out: str) -> None:
     print("\n".join(f"- {t}" for t in sorted(cpu_only)) or "none")
     print("\n## Skipped on CPU, run on tpu (e.g. \"requires accelerator\")\n")
     if extra_tpu:
-        for (model, status), n in sorted(extra_tpu.items()):
-            print(f"- {model}: {n} {status}")
+        for (model, status), tests in sorted(extra_tpu.items()):
+            print(f"- {model}: {len(tests)} {status}: " + ", ".join(t.split("::")[-1] for t in sorted(tests)))
     else:
         print("none")
+    # torchtpu warns once per op and process when an op runs through the CPU fallback.
+    fallbacks = collections.defaultdict(set)
+    for log in sorted(glob.glob(os.path.join(out, "*-tpu.log"))):
+        model = os.path.basename(log)[: -len("-tpu.log")]
+        with open(log, errors="replace") as f:
+            for op in re.findall(r"torchtpu: (\S+) has no native tpu lowering", f.read()):
+                fallbacks[op].add(model)
+    print("\n## Ops that ran through the CPU fallback on tpu\n")
+    print("\n".join(f"- `{op}`: {', '.join(sorted(ms))}" for op, ms in sorted(fallbacks.items())) or "none")
     if missing:
         print("\n## Run on CPU, not reported on tpu (the model's time limit stopped the run)\n")
         for model, tests in sorted(missing.items()):
