@@ -14,9 +14,13 @@ import xml.etree.ElementTree as ET
 FAILED = ("failed", "error")
 
 
+TIMES: dict[str, dict[str, float]] = {}  # path -> {test id: seconds}
+
+
 def load(path: str) -> dict[str, tuple[str, str]]:
     """{test id: (status, message)} with status passed / failed / error / skipped."""
     out = {}
+    times = TIMES.setdefault(path, {})
     for case in ET.parse(path).getroot().iter("testcase"):
         test = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
         status, msg = "passed", ""
@@ -27,6 +31,7 @@ def load(path: str) -> dict[str, tuple[str, str]]:
                 if child.tag != "skipped":
                     break
         out[test] = (status, msg)
+        times[test] = float(case.get("time") or 0)
     return out
 
 
@@ -61,7 +66,7 @@ def main(out: str) -> None:
     print("|---" * (1 + 3 * len(devices) + 1) + "|")
     tpu_only = collections.defaultdict(list)     # cause -> [model::test]
     both = collections.defaultdict(list)
-    cpu_only = []
+    cpu_only = collections.defaultdict(list)
     extra_tpu = collections.defaultdict(list)   # (model, tpu status) -> tests CPU skipped that tpu ran
     missing = collections.defaultdict(list)     # model -> tests CPU ran that tpu did not report
     for model in sorted(runs):
@@ -86,7 +91,7 @@ def main(out: str) -> None:
                 elif cs in FAILED and ts in FAILED:
                     both[cause(cmsg)].append(f"{model}::{test}")
                 elif cs in FAILED and ts == "passed":
-                    cpu_only.append(f"{model}::{test}")
+                    cpu_only[cause(cmsg)].append(f"{model}::{test}")
                 elif cs == "skipped" and ts != "skipped":
                     extra_tpu[(model, ts)].append(test)
         print("| " + " | ".join(row) + f" | {n_tpu_only if tpu is not None and cpu is not None else '-'} |")
@@ -103,8 +108,7 @@ def main(out: str) -> None:
 
     groups("Passed on CPU, failed on tpu, by cause", tpu_only)
     groups("Failed on both devices, by cause (CPU's message)", both)
-    print("\n## Failed on CPU, passed on tpu\n")
-    print("\n".join(f"- {t}" for t in sorted(cpu_only)) or "none")
+    groups("Failed on CPU, passed on tpu, by cause (CPU's message)", cpu_only)
     print("\n## Skipped on CPU, run on tpu (e.g. \"requires accelerator\")\n")
     if extra_tpu:
         for (model, status), tests in sorted(extra_tpu.items()):
@@ -120,6 +124,14 @@ def main(out: str) -> None:
                 fallbacks[op].add(model)
     print("\n## Ops that ran through the CPU fallback on tpu\n")
     print("\n".join(f"- `{op}`: {', '.join(sorted(ms))}" for op, ms in sorted(fallbacks.items())) or "none")
+    print("\n## Slowest tests on tpu (seconds on tpu / on CPU)\n")
+    for model in sorted(runs):
+        tp, cp = (os.path.join(out, f"{model}-{d}.xml") for d in ("tpu", "cpu"))
+        if tp in TIMES:
+            top = sorted(TIMES[tp].items(), key=lambda kv: -kv[1])[:3]
+            cpu_t = TIMES.get(cp, {})
+            print(f"- {model}: " + ", ".join(
+                f"{t.split('::')[-1]} {s:.0f}/{cpu_t.get(t, float('nan')):.0f}" for t, s in top))
     if missing:
         print("\n## Run on CPU, not reported on tpu (the model's time limit stopped the run)\n")
         for model, tests in sorted(missing.items()):
