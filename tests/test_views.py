@@ -458,3 +458,17 @@ def test_inplace_self_aliasing_multi_argument_and_foreach():
         assert tr.item() == 4.0
         tr -= tr
         assert tr.item() == 0.0
+
+
+def test_torch_equal_native_like_cpu():
+    import torchtpu
+    torchtpu.reset_metrics()
+    a = torch.tensor([1.0, 2.0, float("nan")])
+    t = a.to("tpu")
+    for x, y in [(a, a), (a[:2], a[:2].clone()), (a, a[:2]), (a[:2], a[:2].double()),
+                 (torch.tensor([1.0, 2.5]), torch.tensor([1, 2])), (torch.zeros(0), torch.zeros(0)),
+                 (torch.ones(2, 3), torch.ones(3, 2))]:
+        assert torch.equal(x.to("tpu"), y.to("tpu")) == torch.equal(x, y), (x, y)
+    with pytest.raises(RuntimeError, match="different devices"):
+        torch.equal(t, a)
+    assert torchtpu.metrics()["cpu_fallbacks"] == {}

@@ -1161,8 +1161,20 @@ static bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::T
   return dense(self) && dense(from);
 }
 
+// torch.equal as CPU's kernel answers it: same device required, dtypes
+// promoted, different sizes unequal, NaN unequal to itself; one device program
+// and one host read (transformers' tests call it for every state-dict check).
+static bool equal_tpu(const at::Tensor& self, const at::Tensor& other) {
+  TORCH_CHECK(self.device() == other.device(), "Cannot compare two tensors on different devices. Got: ",
+              self.device(), " and ", other.device());
+  if (!self.is_same_size(other)) return false;
+  if (self.numel() == 0) return true;
+  return at::eq(self, other).all().item<bool>();
+}
+
 // ---------------------------------------------------------------- registration
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("equal", equal_tpu);
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided_tpu);
