@@ -173,3 +173,35 @@ def test_isin_runs_natively_and_matches_cpu(metrics):
             assert out.device.type == "tpu" and out.dtype == torch.bool
             assert torch.equal(out.cpu(), ref), (a, b, invert)
     assert not any("isin" in k for k in metrics()["cpu_fallbacks"])
+
+
+@pytest.mark.slow  # about 100 s: every candidate length compiles new eager programs
+def test_assisted_and_prompt_lookup_decoding_equal_greedy():
+    # speculative decoding keeps exactly the target model's greedy tokens
+    target = tiny_llama()
+    torch.manual_seed(0)
+    cfg = target.config.to_dict()
+    cfg["num_hidden_layers"] = 1
+    draft = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).eval()
+    # a plausible draft: the target less its second layer
+    draft.load_state_dict({k: v for k, v in target.state_dict().items() if ".layers.1." not in k})
+    t_tpu, d_tpu = tiny_llama().to("tpu"), transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).eval()
+    d_tpu.load_state_dict(draft.state_dict())
+    d_tpu = d_tpu.to("tpu")
+    base = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(7))
+    ids = torch.cat([base, base, base], 1)  # repeated text: prompt lookup finds candidates
+    ref = target.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)
+    calls = []
+    hook = t_tpu.register_forward_hook(lambda *a: calls.append(1))
+    out = t_tpu.generate(ids.to("tpu"), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                         assistant_model=d_tpu).cpu()
+    assisted_calls = len(calls)
+    calls.clear()
+    out2 = t_tpu.generate(ids.to("tpu"), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                          prompt_lookup_num_tokens=3).cpu()
+    hook.remove()
+    assert torch.equal(out, ref)
+    assert torch.equal(out2, ref)
+    # candidates were accepted: fewer target forwards than new tokens
+    print(f"target forwards for 12 tokens: assisted {assisted_calls}, prompt lookup {len(calls)}")
+    assert assisted_calls < 12 and len(calls) <= 12
