@@ -205,3 +205,25 @@ def test_assisted_and_prompt_lookup_decoding_equal_greedy():
     # candidates were accepted: fewer target forwards than new tokens
     print(f"target forwards for 12 tokens: assisted {assisted_calls}, prompt lookup {len(calls)}")
     assert assisted_calls < 12 and len(calls) <= 12
+
+
+@pytest.mark.slow  # about 50 s of compiles (every scheduled batch shape is new)
+def test_continuous_batching_equals_sequential_greedy():
+    # transformers' generate_batch (paged attention, requests of different lengths scheduled
+    # together) on tpu: each output is the CPU's sequential greedy generation of its prompt.
+    # The KV cache is sized explicitly: transformers sizes it from the host's memory for a
+    # device it does not know, which is far more than a test should allocate.
+    cpu = tiny_llama()
+    tpu = tiny_llama().to("tpu")
+    g = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(3, 128, (n,), generator=g).tolist() for n in (3, 9, 5, 12)]
+    refs = [cpu.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False, eos_token_id=None)[0, len(p):].tolist()
+            for p in prompts]
+    gc = transformers.GenerationConfig(max_new_tokens=6, do_sample=False, pad_token_id=PAD, eos_token_id=None)
+    cb = transformers.ContinuousBatchingConfig(num_blocks=16, max_batch_tokens=64, use_cuda_graph=False,
+                                               use_async_batching=False)
+    res = tpu.generate_batch(prompts, generation_config=gc, continuous_batching_config=cb)
+    assert len(res) == len(prompts)
+    by_prompt = {tuple(r.prompt_ids): r.generated_tokens for r in res.values()}
+    for p, ref in zip(prompts, refs):
+        assert by_prompt[tuple(p)] == ref
