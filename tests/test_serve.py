@@ -47,24 +47,30 @@ def model_dir(tmp_path_factory):
     return str(d)
 
 
-@pytest.fixture(scope="module")
-def server(model_dir):
+def _start(model_dir, **kwargs):
+    """Starts torchtpu.serve on a free 127.0.0.1 port; returns (server, base url) once it answers."""
     from torchtpu import serve
 
     port = _free_port()
-    srv = serve.start(model_dir, port=port, log_level="error")
+    srv = serve.start(model_dir, port=port, log_level="error", **kwargs)
     base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                return srv, base
+        except httpx.HTTPError:
+            pass
+        if time.time() > deadline:
+            srv.kill_server()
+            raise RuntimeError("server did not start")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    srv, base = _start(model_dir)
     try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError("server did not start")
-            time.sleep(0.2)
         yield base
     finally:
         srv.kill_server()
@@ -134,3 +140,26 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(server, model_dir, pa
     r = httpx.post(server + "/v1/completions", json={"model": model_dir, "prompt": "hello", "max_tokens": 2},
                    timeout=120)
     assert r.status_code == 200
+
+
+@pytest.mark.slow  # a second server and continuous batching's compiles: about a minute
+def test_continuous_batching_server_concurrent_requests(model_dir):
+    from concurrent.futures import ThreadPoolExecutor
+
+    srv, base = _start(model_dir, continuous_batching=True, cb_num_blocks=32, cb_max_batch_tokens=64,
+                       cb_use_cuda_graph=False)
+    try:
+        prompts = ["hello world", "this is a tiny", "a tiny model for a corpus"]
+
+        def ask(p):
+            r = httpx.post(base + "/v1/completions", timeout=300,
+                           json={"model": model_dir, "prompt": p, "max_tokens": 6})
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"]
+
+        with ThreadPoolExecutor(3) as pool:
+            texts = list(pool.map(ask, prompts))
+        assert texts == [_greedy(model_dir, text=p, n=6) for p in prompts]
+        assert httpx.post(base + "/v1/completions", json={"prompt": None}, timeout=60).status_code == 400
+    finally:
+        srv.kill_server()
