@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import sys
 
 import torchtpu  # noqa: F401  registers the "tpu" device
 
@@ -177,6 +180,11 @@ def main(argv=None) -> None:
         if a.cb_num_blocks is None and a.cb_max_memory_percent is None:
             p.error("--continuous-batching needs --cb-num-blocks or --cb-max-memory-percent on tpu")
     srv = start(a.model, host=a.host, port=a.port, device=a.device, dtype=a.dtype, log_level=a.log_level, **cb)
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)  # shut down as on Ctrl-C
     try:
         while srv._thread.is_alive():
             srv._thread.join(timeout=0.5)
@@ -184,6 +192,11 @@ def main(argv=None) -> None:
         pass
     finally:
         srv.kill_server()
+        srv._thread.join(timeout=5)
+        # transformers' server leaves a non-daemon thread serving after kill_server: end the process
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
