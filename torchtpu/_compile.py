@@ -464,6 +464,7 @@ def backend(gm, example_inputs, **kwargs):
 
 
 _REGISTRY = "torch._dynamo.backends.registry"
+_INDUCTOR = "torch._inductor.compile_fx"
 
 
 def _register_now() -> None:
@@ -473,15 +474,32 @@ def _register_now() -> None:
         register_backend(name="tpu")(backend)
 
 
-class _RegisterWhenDynamoLoads(importlib.abc.MetaPathFinder):
+def _register_inductor() -> None:
+    from . import _inductor
+
+    _inductor.register()
+
+
+# module -> what registers with it once it is imported
+_HOOKS = {_REGISTRY: _register_now, _INDUCTOR: _register_inductor}
+
+
+class _RegisterWhenLoaded(importlib.abc.MetaPathFinder):
     """Registers the backend the moment Dynamo's backend registry is imported
-    (by torch.compile or anything else), so that importing torchtpu does not
-    import torch._dynamo (about a second) for users who never compile."""
+    (by torch.compile or anything else), and torchtpu's tpu code generation
+    the moment Inductor's compile_fx is, so that importing torchtpu does not
+    import torch._dynamo (about a second) or Inductor for users who never
+    compile."""
+
+    def __init__(self):
+        self.pending = {m: f for m, f in _HOOKS.items() if m not in sys.modules}
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != _REGISTRY:
+        register_fn = self.pending.pop(fullname, None)
+        if register_fn is None:
             return None
-        sys.meta_path.remove(self)
+        if not self.pending:
+            sys.meta_path.remove(self)
         spec = importlib.util.find_spec(fullname)
         if spec is None or spec.loader is None:
             return spec
@@ -489,17 +507,19 @@ class _RegisterWhenDynamoLoads(importlib.abc.MetaPathFinder):
 
         def exec_then_register(module):  # the import system has put module in sys.modules
             exec_module(module)
-            _register_now()
+            register_fn()
 
         spec.loader.exec_module = exec_then_register
         return spec
 
 
 def register() -> None:
-    if _REGISTRY in sys.modules:
-        _register_now()
-    elif not any(isinstance(f, _RegisterWhenDynamoLoads) for f in sys.meta_path):
-        sys.meta_path.insert(0, _RegisterWhenDynamoLoads())
+    for name, register_fn in _HOOKS.items():
+        if name in sys.modules:
+            register_fn()
+    if not all(m in sys.modules for m in _HOOKS) and \
+            not any(isinstance(f, _RegisterWhenLoaded) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterWhenLoaded())
 
 
 def metrics() -> dict:

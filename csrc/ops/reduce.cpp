@@ -247,6 +247,35 @@ TT_LOWERINGS(({"aten::all", "aten::all.dim", "aten::all.dims", "aten::all.out", 
 TT_LOWERINGS(({"aten::any", "aten::any.dim", "aten::any.dims", "aten::any.out", "aten::any.dims_out",
                "aten::any.all_out"}), AllAny<false>);
 
+// ---- isin: any(elements[..., None] == flat(test_elements)) ----
+// Compared in the promoted dtype (as torch's eq); an empty test set gives
+// all False (all True with invert). O(numel * test numel), like CUDA's
+// brute-force path, which torch also takes for small test sets.
+std::vector<Value> IsIn(LowerCtx& c) {
+  ET ct = CommonType(c, {0, 1});
+  const Type& o = c.out();
+  auto as_flat = [&](size_t i) {
+    Value v = c.arg(i).kind == Arg::Tensor ? c.t(i) : c.scalar(i, ct);
+    v = Cast(c.b, v, ct);
+    return c.b.Reshape(v, {v.type.numel()});
+  };
+  Value e = as_flat(0), t = as_flat(1);
+  int64_t ne = e.dims()[0], nt = t.dims()[0];
+  bool invert = c.flag(3);
+  Value r;
+  if (nt == 0) {
+    r = c.b.Splat(Type(ET::PRED, {ne}), invert ? 1 : 0);
+  } else {
+    Value eq = c.b.Compare(c.b.Broadcast(e, {ne, nt}, {0}), c.b.Broadcast(t, {ne, nt}, {1}), "EQ");
+    r = c.b.Reduce(eq, c.b.ScalarConst(ET::PRED, 0), {1}, "or");
+    if (invert) r = c.b.Unary("not", r);
+  }
+  return {c.b.Reshape(r, o.dims)};
+}
+TT_LOWERINGS(({"aten::isin.Tensor_Tensor", "aten::isin.Tensor_Tensor_out", "aten::isin.Tensor_Scalar",
+               "aten::isin.Tensor_Scalar_out", "aten::isin.Scalar_Tensor", "aten::isin.Scalar_Tensor_out"}),
+             IsIn);
+
 // ---- logsumexp ----
 std::vector<Value> LogSumExp(LowerCtx& c) {
   const Type& o = c.out();

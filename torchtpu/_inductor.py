@@ -1,0 +1,201 @@
+"""The default torch.compile backend (Inductor) on tpu tensors.
+
+`torch.compile(model)` names no backend, so Dynamo hands the graph to
+Inductor, which generates a graph's kernels with the code generator
+registered for its device type; for "tpu" that is Inductor's own Pallas/JAX
+path (meant for TPUs without torchtpu). transformers' `generate` compiles its
+decode step the same way when given a `CompileConfig` (backend "inductor").
+
+torchtpu registers its own code generation for "tpu" through Inductor's
+public device registration (`register_backend_for_device`): a device pass
+(`device_custom_pass`, run on each post-grad graph that touches a tpu
+tensor) lowers the whole graph with torchtpu's registry into one StableHLO
+program, exactly as `backend="tpu"` does, and replaces the graph's body by
+one call of a custom op (`torchtpu::inductor_graph_<n>`), which Inductor calls as
+an extern (fallback) kernel. So Inductor generates no kernel for tpu (the
+scheduling registered for it refuses to, with a clear error). A graph the
+registry cannot lower (or one with symbolic shapes) runs eagerly, warned and
+counted in `metrics()["compile"]["graph_fallbacks"]`, as with `backend="tpu"`.
+
+The wrapper code of such a graph refers to an in-process table of lowered
+graphs, so the wrapper is marked not cacheable (Inductor's FX graph cache
+skips these graphs); the XLA programs still come from torchtpu's caches.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import operator
+
+import torch
+
+# key -> (GraphCode, placeholder kinds "t"/"i", indices of the outputs the op returns, their metadata)
+_GRAPHS: dict[str, tuple] = {}
+_counter = itertools.count()
+_lib = None
+
+
+def _inductor_graph(key: str, inputs: list, ints: list, mutated: list):
+    code, kinds, returned, _ = _GRAPHS[key]
+    ti, ii = iter(inputs), iter(ints)
+    out = code([next(ti) if k == "t" else next(ii) for k in kinds])
+    res = tuple(out[i] for i in returned)
+    return res[0] if len(res) == 1 else res
+
+
+def _fake(key: str, inputs: list, ints: list, mutated: list):
+    res = tuple(torch.empty_strided(s, st, dtype=dt, device=dev) for s, st, dt, dev in _GRAPHS[key][3])
+    return res[0] if len(res) == 1 else res
+
+
+_ops: dict[int, object] = {}
+
+
+def _op(n: int):
+    """torchtpu::inductor_graph_<n>: a graph with n computed outputs. Inductor calls a custom op
+    that mutates inputs (`mutated` repeats the inputs the graph writes: a static KV cache, a
+    buffer) only if it returns plain Tensors (not Tensor[]), hence one op per output count."""
+    global _lib
+    if n not in _ops:
+        if _lib is None:
+            _lib = torch.library.Library("torchtpu", "FRAGMENT")
+        name = f"inductor_graph_{n}"
+        ret = "Tensor" if n == 1 else "(" + ", ".join(["Tensor"] * n) + ")"
+        _lib.define(f"{name}(str key, Tensor[] inputs, SymInt[] ints, Tensor(a!)[] mutated) -> {ret}")
+        _lib.impl(name, _inductor_graph, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"torchtpu::{name}", _fake, lib=_lib)
+        _ops[n] = getattr(torch.ops.torchtpu, name).default
+    return _ops[n]
+
+
+def _prims_to_aten(gm: torch.fx.GraphModule) -> None:
+    """Inductor's decompositions leave a few prims in its graphs; the registry lowers
+    their ATen equivalents."""
+    prims = torch.ops.prims
+    g = gm.graph
+    for n in list(g.nodes):
+        if n.op != "call_function":
+            continue
+        if n.target is prims.convert_element_type.default:
+            n.target, n.args, n.kwargs = torch.ops.aten._to_copy.default, (n.args[0],), {"dtype": n.args[1]}
+        elif n.target is prims.iota.default:
+            length = n.args[0]
+            start, step = n.kwargs["start"], n.kwargs["step"]
+            n.target = torch.ops.aten.arange.start_step
+            n.args = (start, start + step * length, step)
+            n.kwargs = {"dtype": n.kwargs["dtype"], "device": n.kwargs["device"]}
+    gm.recompile()
+
+
+def _replace_graph(gm: torch.fx.GraphModule) -> None:
+    """Lowers gm (a post-grad graph) and replaces its body by one torchtpu::inductor_graph call."""
+    from . import _compile
+    from ._graph_code import GraphCode
+
+    g = gm.graph
+    placeholders = [n for n in g.nodes if n.op == "placeholder"]
+    kinds = []
+    for n in placeholders:
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            kinds.append("t")
+        elif isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool):
+            kinds.append("i")
+        else:
+            raise RuntimeError(f"torchtpu: Inductor graph input {n.name} is a {type(v).__name__}; "
+                               "use torch.compile(..., backend='tpu')")
+    original = torch.fx.GraphModule(gm, copy.deepcopy(g))
+    _prims_to_aten(original)
+    try:
+        program = _compile._Lowerer(original).run()
+    except _compile.Unsupported as e:
+        _compile._fall_back(str(e))
+        code = GraphCode(original, None, str(e))
+    else:
+        _compile.stats["graphs_compiled"] += 1
+        code = GraphCode(original, program)
+
+    out_node = next(n for n in g.nodes if n.op == "output")
+    outs = list(out_node.args[0])
+    ph = set(placeholders)
+    mutated = []
+    for n in g.nodes:
+        if n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0] in ph \
+                and n.args[0] not in mutated:
+            mutated.append(n.args[0])
+    # The op returns the computed outputs; an input returned as it is stays the input.
+    returned = [i for i, o in enumerate(outs) if isinstance(o, torch.fx.Node) and o not in ph]
+    vals = [outs[i].meta["val"] for i in returned]
+    key = f"g{next(_counter)}"
+    _GRAPHS[key] = (code, kinds, returned,
+                    [(tuple(v.shape), tuple(v.stride()), v.dtype, v.device) for v in vals])
+    with g.inserting_before(out_node):
+        tensors = [n for n, k in zip(placeholders, kinds) if k == "t"]
+        ints = [n for n, k in zip(placeholders, kinds) if k == "i"]
+        call = g.call_function(_op(len(returned)), (key, tensors, ints, mutated))
+        call.meta["val"] = vals[0] if len(vals) == 1 else tuple(vals)
+        for k, i in enumerate(returned):
+            if len(returned) == 1:
+                outs[i] = call
+                continue
+            item = g.call_function(operator.getitem, (call, k))
+            item.meta["val"] = vals[k]
+            outs[i] = item
+    out_node.args = (tuple(outs),)
+    keep = set(placeholders) | {call, out_node} | set(call.users)
+    for n in reversed(list(g.nodes)):
+        if n not in keep:
+            g.erase_node(n)
+    g.lint()
+    gm.recompile()
+
+
+def _scheduling():
+    from torch._inductor.scheduler import BaseScheduling
+
+    class TpuScheduling(BaseScheduling):
+        """torchtpu lowers whole tpu graphs itself (see the module docstring): no kernels."""
+
+        def _refuse(self, *args, **kwargs):
+            raise RuntimeError("torchtpu: Inductor was asked to generate a kernel for a tpu tensor; "
+                               "torchtpu lowers tpu graphs as a whole (torch.compile(..., backend='tpu')). "
+                               "Please report this graph.")
+
+        codegen_node = codegen_template = codegen_combo_kernel = _refuse
+
+        def group_fn(self, sizes):
+            return tuple(tuple(s) for s in sizes)
+
+        def flush(self):
+            pass
+
+    return TpuScheduling
+
+
+def _wrapper():
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+
+    class TpuWrapperCodegen(PythonWrapperCodegen):
+        supports_caching = False  # the wrapper names an in-process graph table
+
+    return TpuWrapperCodegen
+
+
+def _pass():
+    from torch._inductor.custom_graph_pass import CustomGraphModulePass, get_hash_for_files
+
+    class TpuGraphPass(CustomGraphModulePass):
+        def __call__(self, gm: torch.fx.GraphModule) -> None:
+            _replace_graph(gm)
+
+        def uuid(self):
+            return get_hash_for_files((__file__,))
+
+    return TpuGraphPass()
+
+
+def register() -> None:
+    """Registers the tpu code generation with Inductor (called when Inductor's codegen loads)."""
+    from torch._inductor.codegen.common import register_backend_for_device
+
+    register_backend_for_device("tpu", _scheduling(), _wrapper(), device_custom_pass=_pass())
