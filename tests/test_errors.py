@@ -220,3 +220,18 @@ def test_errors_leave_region_clean():
         with pytest.raises(RuntimeError):
             torch.mm(a, torch.ones(3, 3, device=DEV))
     assert torch.mm(a, a).cpu().tolist() == [[2.0, 2.0], [2.0, 2.0]]
+
+
+@pytest.mark.parametrize("dtype,value", [(torch.int8, 300), (torch.int8, -128.7), (torch.uint8, 256), (torch.uint8, -1),
+                                         (torch.float16, 1e6), (torch.float16, float("inf")), (torch.int32, 2**31),
+                                         (torch.int8, 127), (torch.bool, 5), (torch.bfloat16, 1e38)])
+def test_fill_value_overflow_raises_like_cpu(dtype, value):
+    try:
+        want = torch.full((2,), value, dtype=dtype)
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match="without overflow"):
+            torch.full((2,), value, dtype=dtype, device="tpu")
+        with pytest.raises(RuntimeError, match="without overflow"):
+            torch.zeros(2, dtype=dtype, device="tpu").fill_(value)
+        return
+    assert torch.equal(torch.full((2,), value, dtype=dtype, device="tpu").cpu(), want)

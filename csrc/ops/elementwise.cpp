@@ -487,7 +487,29 @@ TT_LOWERINGS(({"aten::clamp_min", "aten::clamp_min_", "aten::clamp_min.out", "at
 TT_LOWERINGS(({"aten::clamp_max", "aten::clamp_max_", "aten::clamp_max.out", "aten::clamp_max.Tensor",
                "aten::clamp_max_.Tensor", "aten::clamp_max.Tensor_out"}), ClampMax);
 
+// A Scalar fill value the output dtype cannot hold raises, as CPU's
+// checked conversion does (torch.full((3,), 300, dtype=torch.int8)).
+void CheckFillRange(const LowerCtx& c, const Arg& a, ET et) {
+  if (a.kind != Arg::Scalar || a.scalar_is_complex || a.scalar_is_bool || IsBool(et) || IsComplex(et)) return;
+  double v = a.scalar_hint, lo = 0, hi = 0;
+  switch (et) {
+    case ET::S8: lo = -128; hi = 127; break;
+    case ET::U8: lo = -255; hi = 255; break;  // unsigned: negatives wrap, as c10 allows
+    case ET::S16: lo = -32768; hi = 32767; break;
+    case ET::U16: lo = -65535; hi = 65535; break;
+    case ET::S32: lo = -2147483648.0; hi = 2147483647.0; break;
+    case ET::U32: lo = -4294967295.0; hi = 4294967295.0; break;
+    case ET::F16: lo = -65504; hi = 65504; break;
+    case ET::BF16: lo = -3.3895313892515355e38; hi = 3.3895313892515355e38; break;
+    case ET::F32: lo = -3.4028234663852886e38; hi = 3.4028234663852886e38; break;
+    default: return;
+  }
+  if (std::isfinite(v) && (v < lo || v > hi))
+    c.fail(std::string("value cannot be converted to type ") + hlo::ETName(et) + " without overflow");
+}
+
 std::vector<Value> Fill(LowerCtx& c) {
+  CheckFillRange(c, c.arg(1), c.out().et);
   return {Bcast(c.b, c.t(1), c.out().dims, c.out().et)};
 }
 TT_LOWERINGS(({"aten::fill_.Scalar", "aten::fill_.Tensor", "aten::fill.Scalar", "aten::fill.Tensor"}), Fill);
