@@ -149,6 +149,7 @@ def test_quant_linear(fmt):
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 32).bfloat16()
     x = torch.randn(2, 3, 64).bfloat16()
+    bias = lin.bias.detach().clone()  # QuantLinear shares lin's bias, which .to("tpu") moves (as on CUDA)
     ql = Q.QuantLinear(lin, fmt).to("tpu")
     w = ql.weight.cpu()
     assert w.dtype == (E4 if fmt == "fp8" else FP4)
@@ -161,7 +162,7 @@ def test_quant_linear(fmt):
         want = (xq.float() / s) @ (w.float() * ws).T
     else:
         want = x2.bfloat16().float() @ ref_dequant(w, ws, 32).bfloat16().float().T
-    want = (want + lin.bias.float()).reshape(2, 3, 32)
+    want = (want + bias.float()).reshape(2, 3, 32)
     got = ql(x.to("tpu")).cpu()
     assert got.dtype == torch.bfloat16 and got.shape == (2, 3, 32)
     torch.testing.assert_close(got.float(), want, rtol=2 ** -7, atol=2e-2)
