@@ -22,7 +22,7 @@ int64_t CountTrue(const at::Tensor& mask_bool) { return mask_bool.sum().item<int
 bool SmallOnHost(std::initializer_list<const at::Tensor*> ts) {
   if (GetMode() != Mode::Strict) return false;
   for (const at::Tensor* t : ts)
-    if (t->numel() > (1 << 15)) return false;
+    if (t->numel() > kHostTierMaxElements) return false;
   return true;
 }
 

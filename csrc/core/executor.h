@@ -38,6 +38,10 @@ PJRT_Buffer_Type ToPjrt(hlo::ET t);
 const std::string* HostMirror(const StorageState& st);
 // Keeps a host copy of st's current buffer (small storages only).
 void SetHostMirror(StorageState& st, const void* data, int64_t nbytes);
+// Largest input (elements) an op may have to run in strict mode's host tier:
+// below ATen's parallel grain size, so the CPU kernel runs on this thread
+// (whose float environment HostTierFloatEnv sets).
+constexpr int64_t kHostTierMaxElements = 1 << 15;
 // True while this thread runs an op in the host tier: its uploads keep a host copy.
 bool& InHostTier();
 // While alive: this thread runs host-tier work (InHostTier(), and the device's

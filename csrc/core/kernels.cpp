@@ -146,10 +146,6 @@ at::Tensor& set_empty(at::Tensor& self) {
 static bool IsTpu(const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; }
 
 static void Finish(Region& r, uint64_t sig = 0) { r.AfterOp(sig); }
-// Largest input (elements) an op may have to run in strict mode's host tier:
-// below ATen's parallel grain size, so the CPU kernel runs on this thread
-// (whose float environment HostTierFloatEnv sets).
-constexpr int64_t kHostTierMaxElements = 1 << 15;
 
 static uint64_t Signature(const std::string& name, const std::vector<at::Tensor>& inputs) {
   uint64_t h = std::hash<std::string>()(name);
@@ -666,17 +662,7 @@ static std::shared_ptr<MetaResult> OwnMeta(const std::string& name, const std::v
   return mr;
 }
 
-// Strict mode's host tier. An op whose program was never compiled (in
-// neither cache) and is asked for the first time runs on the host through
-// PyTorch's CPU kernel instead of paying an XLA compile (tens of ms) for a
-// shape that may never come back: tensor printing, shapes seen once in test
-// suites and notebooks. After HostTierRuns() such runs (TORCHTPU_HOST_TIER,
-// default 2) the program is compiled as usual.
-// Only small inputs, and only ops whose CPU kernel gives the very same bits
-// as the XLA program (data movement, comparisons, min/max, exact rounding
-// ops; mul/div are one correctly rounded IEEE operation in f32/f64; sums
-// only of integers), so where an op runs never changes its result.
-// TORCHTPU_HOST_TIER=0 turns it off.
+// Whether f holds for every tensor argument (lists included).
 template <typename F>
 static bool EveryTensorArg(const std::vector<c10::IValue>& args, F&& f) {
   for (const auto& a : args) {
@@ -688,6 +674,17 @@ static bool EveryTensorArg(const std::vector<c10::IValue>& args, F&& f) {
   return true;
 }
 
+// Strict mode's host tier. An op whose program was never compiled (in
+// neither cache) and is asked for the first time runs on the host through
+// PyTorch's CPU kernel instead of paying an XLA compile (tens of ms) for a
+// shape that may never come back: tensor printing, shapes seen once in test
+// suites and notebooks. After HostTierRuns() such runs (TORCHTPU_HOST_TIER,
+// default 2) the program is compiled as usual.
+// Only small inputs, and only ops whose CPU kernel gives the very same bits
+// as the XLA program (data movement, comparisons, min/max, exact rounding
+// ops; mul/div are one correctly rounded IEEE operation in f32/f64; sums
+// only of integers), so where an op runs never changes its result.
+// TORCHTPU_HOST_TIER=0 turns it off.
 static bool HostTierEligible(const std::string& name, const std::vector<c10::IValue>& args) {
   if (HostTierRuns() == 0) return false;
   enum Kind { kMove, kCompare, kArith, kIntSum };
@@ -803,6 +800,17 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   size_t nargs = schema.arguments().size();
   std::vector<c10::IValue> args(stack->end() - nargs, stack->end());
   ExpandMaskIndices(name, args);
+
+  // Strict mode's host tier: an op on values already on the host stays
+  // there, before any meta computation or output allocation.
+  const bool host_tier = GetMode() == Mode::Strict && HostTierEligible(name, args);
+  if (host_tier) {
+    std::lock_guard<std::recursive_mutex> g(Region::Lock());
+    if (AllOnHost(args)) {
+      RunOnHost(op, stack, name);
+      return;
+    }
+  }
 
   // 1. Output metadata from PyTorch's meta kernels (also validates input).
   //    Meta kernels can be slow (some are Python); their result depends only
@@ -963,11 +971,6 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
 
   // 2. Lower into the current region.
   std::lock_guard<std::recursive_mutex> g(Region::Lock());
-  const bool host_tier = !debug && GetMode() == Mode::Strict && HostTierEligible(name, args);
-  if (host_tier && AllOnHost(args)) {
-    RunOnHost(op, stack, name);
-    return;
-  }
   Region& r = Region::Current();
   r.BeginOp();
   ET hint = outs.empty() ? ET::F32 : ToET(outs[0].scalar_type());
