@@ -73,6 +73,15 @@ WorkPtr Done(std::vector<at::Tensor> outputs) {
   return Work::create_from_future(fut);
 }
 
+// A coalesced tensor collective: the single-tensor one per (output, input) pair.
+template <typename F>
+WorkPtr EachPair(const char* name, std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, F&& one) {
+  TORCH_CHECK(outputs.size() == inputs.size(), name, ": ", outputs.size(), " outputs for ", inputs.size(),
+              " inputs");
+  for (size_t i = 0; i < inputs.size(); ++i) one(outputs[i], inputs[i]);
+  return Done(outputs);
+}
+
 const char* RedOpName(c10d::ReduceOp::RedOpType op) {
   switch (op) {
     case c10d::ReduceOp::SUM: return "SUM";
@@ -203,10 +212,8 @@ class StagedBackend : public c10d::Backend {
 
   WorkPtr allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllgatherOptions& opts) override {
-    TORCH_CHECK(outputs.size() == inputs.size(), "all_gather_into_tensor_coalesced: ", outputs.size(),
-                " outputs for ", inputs.size(), " inputs");
-    for (size_t i = 0; i < inputs.size(); ++i) _allgather_base(outputs[i], inputs[i], opts);
-    return Done(outputs);
+    return EachPair("all_gather_into_tensor_coalesced", outputs, inputs,
+                    [&](at::Tensor& o, at::Tensor& i) { _allgather_base(o, i, opts); });
   }
 
   WorkPtr gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
@@ -263,10 +270,8 @@ class StagedBackend : public c10d::Backend {
 
   WorkPtr reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::ReduceScatterOptions& opts) override {
-    TORCH_CHECK(outputs.size() == inputs.size(), "reduce_scatter_tensor_coalesced: ", outputs.size(),
-                " outputs for ", inputs.size(), " inputs");
-    for (size_t i = 0; i < inputs.size(); ++i) _reduce_scatter_base(outputs[i], inputs[i], opts);
-    return Done(outputs);
+    return EachPair("reduce_scatter_tensor_coalesced", outputs, inputs,
+                    [&](at::Tensor& o, at::Tensor& i) { _reduce_scatter_base(o, i, opts); });
   }
 
   WorkPtr alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outSplits,
