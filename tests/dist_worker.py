@@ -281,13 +281,13 @@ def _gpt_setup(steps, batch):
     return cfg, data, lambda: make_model(cfg, seed=0)
 
 
-def _train(model, data, lo, hi, lr=0.2):
+def _train(model, data, lo, hi, lr=0.2, device=TPU):
     # SGD, not Adam: Adam's normalization would amplify rounding noise in the
     # (analytically zero) key-bias gradients into visible parameter differences
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     losses = []
     for x, y in data:
-        loss = model(x[lo:hi].to(TPU), y[lo:hi].to(TPU))
+        loss = model(x[lo:hi].to(device), y[lo:hi].to(device))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -308,11 +308,7 @@ def ddp(rank, world, tmp):
     model = DDP(mk().to(TPU), bucket_cap_mb=0.05)  # several buckets
     _train(model, data, rank * per, (rank + 1) * per)
     cpu = mk()
-    cpu_opt = torch.optim.SGD(cpu.parameters(), lr=0.2, momentum=0.9)
-    for x, y in data:
-        cpu(x, y).backward()
-        cpu_opt.step()
-        cpu_opt.zero_grad()
+    _train(cpu, data, 0, batch, device="cpu")
     for (n, p), q, c in zip(model.module.named_parameters(), ref.parameters(), cpu.parameters()):
         close(p, q, f"DDP vs single process: {n}", atol=2e-5, rtol=1e-4)
         close(p, c, f"DDP vs cpu: {n}", atol=1e-4, rtol=1e-3)
