@@ -651,8 +651,8 @@ void ReadToHost(const at::Tensor& src, void* dst) {
   // printing reads many slices).
   constexpr int64_t kHostViewBytes = 8 << 20;
   const bool plain = st->slot < 0 && st->buf && st->et == et && st->numel * hlo::ETBytes(et) == st->nbytes;
-  if (plain && (HostMirror(*st) || (!whole && st->nbytes <= kHostViewBytes))) {
-    const std::string* m = HostMirror(*st);
+  const std::string* m = plain ? HostMirror(*st) : nullptr;
+  if (plain && (m || (!whole && st->nbytes <= kHostViewBytes))) {
     at::Tensor host = at::empty({st->numel}, src.options().device(c10::kCPU));
     if (m) {
       std::memcpy(host.data_ptr(), m->data(), st->nbytes);

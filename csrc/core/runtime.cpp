@@ -174,7 +174,8 @@ pjrt::ExecutablePtr Runtime::Executable(const std::string& text, bool first_sigh
       return it->second;
     }
   }
-  if (first_sight_null && !DiskCacheHas(fingerprint_, text, DefaultOptionsFor(text))) {
+  const std::string& options = DefaultOptionsFor(text);
+  if (first_sight_null && !DiskCacheHas(fingerprint_, text, options)) {
     std::lock_guard<std::mutex> g(mu_);
     if (seen_.size() > (1u << 20)) seen_.clear();
     if (seen_[std::hash<std::string>()(text)]++ < HostTierRuns()) return nullptr;
@@ -190,7 +191,6 @@ pjrt::ExecutablePtr Runtime::Executable(const std::string& text, bool first_sigh
       std::fclose(f);
     }
   }
-  const std::string& options = DefaultOptionsFor(text);
   pjrt::ExecutablePtr exe;
   int64_t t0 = NowNs();
   exe = DiskCacheLoad(*client_, fingerprint_, text, options);
