@@ -120,8 +120,10 @@ def test_hung_rank_raises_after_the_timeout():
 
 
 def test_torchrun_picks_device_from_local_rank():
+    # --tee 3: torchrun relays each rank's output line by line (whole lines,
+    # prefixed by rank), so the two ranks' prints cannot interleave mid-line
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), WORKER, "torchrun"]
+           "--master-port", str(_free_port()), "--tee", "3", WORKER, "torchrun"]
     p = subprocess.Popen(cmd, env=_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
     try:
