@@ -108,6 +108,9 @@ PYBIND11_MODULE(_C, m) {
       d["native_ops"] = native;
       d["cpu_fallbacks"] = fb;
       d["host_tier_ops"] = host;
+      py::dict pm;
+      for (auto& kv : mt.python_meta_ops) pm[py::str(kv.first)] = kv.second;
+      d["python_meta_ops"] = pm;
     }
     d["compiles"] = mt.compiles.load();
     d["compile_seconds"] = mt.compile_ns.load() / 1e9;
@@ -117,6 +120,9 @@ PYBIND11_MODULE(_C, m) {
     d["cache_misses"] = mt.cache_misses.load();
     d["disk_cache_hits"] = mt.disk_hits.load();
     d["executions"] = mt.executions.load();
+    d["cpp_meta_rules"] = mt.cpp_meta_rules.load();
+    d["plan_replays"] = mt.plan_replays.load();
+    d["plans_recorded"] = mt.plans_recorded.load();
     d["flush_host_seconds"] = py::dict(py::arg("build_text") = mt.finish_ns.load() / 1e9,
                                        py::arg("find_executable") = mt.lookup_ns.load() / 1e9,
                                        py::arg("launch") = mt.launch_ns.load() / 1e9);

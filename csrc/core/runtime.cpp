@@ -50,6 +50,8 @@ void Metrics::Reset() {
   native_ops.clear();
   fallback_ops.clear();
   host_tier_ops.clear();
+  python_meta_ops.clear();
+  cpp_meta_rules = 0; plan_replays = 0; plans_recorded = 0;
   compiles = 0; cache_hits = 0; cache_misses = 0; disk_hits = 0;
   compile_ns = 0; executions = 0; disk_load_ns = 0; disk_store_ns = 0; h2d_bytes = 0; d2h_bytes = 0;
   finish_ns = 0; lookup_ns = 0; launch_ns = 0;

@@ -32,6 +32,10 @@ class Metrics {
  public:
   std::mutex mu;
   std::map<std::string, int64_t> native_ops, fallback_ops, host_tier_ops;
+  // ops whose output metadata came from PyTorch's (mostly Python) meta kernels
+  std::map<std::string, int64_t> python_meta_ops;
+  // output metadata from C++ rules; strict-mode op plans replayed / recorded
+  std::atomic<int64_t> cpp_meta_rules{0}, plan_replays{0}, plans_recorded{0};
   std::atomic<int64_t> compiles{0}, cache_hits{0}, cache_misses{0}, disk_hits{0};
   std::atomic<int64_t> compile_ns{0}, executions{0}, disk_load_ns{0}, disk_store_ns{0};
   std::atomic<int64_t> h2d_bytes{0}, d2h_bytes{0};
@@ -40,6 +44,7 @@ class Metrics {
   void Native(const std::string& op) { std::lock_guard<std::mutex> g(mu); native_ops[op]++; }
   void Fallback(const std::string& op) { std::lock_guard<std::mutex> g(mu); fallback_ops[op]++; }
   void HostTier(const std::string& op) { std::lock_guard<std::mutex> g(mu); host_tier_ops[op]++; }
+  void PythonMeta(const std::string& op) { std::lock_guard<std::mutex> g(mu); python_meta_ops[op]++; }
   void Reset();
 };
 Metrics& GetMetrics();
