@@ -319,9 +319,7 @@ void Region::Write(const at::Tensor& t, Value v) {
   slots_[si].written = true;
 }
 
-namespace {
-// (type, bits) of a scalar as element type et: the key of its cached buffer.
-std::string ScalarKey(const c10::Scalar& s, ET et) {
+std::string Region::ScalarKeyOf(const c10::Scalar& s, ET et) {
   char bytes[16] = {0};
   int nb = hlo::ETBytes(et);
   switch (et) {
@@ -340,8 +338,8 @@ std::string ScalarKey(const c10::Scalar& s, ET et) {
   return key;
 }
 
-// Cached one-element device buffers, by ScalarKey.
-pjrt::BufferPtr KeyedScalarBuffer(const std::string& key, ET et) {
+// Cached one-element device buffers, by ScalarKeyOf.
+pjrt::BufferPtr Region::KeyedScalarBuffer(const std::string& key, ET et) {
   static std::unordered_map<std::string, pjrt::BufferPtr> cache;
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
@@ -350,12 +348,11 @@ pjrt::BufferPtr KeyedScalarBuffer(const std::string& key, ET et) {
   cache[key] = buf;
   return buf;
 }
-}  // namespace
 
-pjrt::BufferPtr Region::ScalarBuffer(const c10::Scalar& s, ET et) { return KeyedScalarBuffer(ScalarKey(s, et), et); }
+pjrt::BufferPtr Region::ScalarBuffer(const c10::Scalar& s, ET et) { return KeyedScalarBuffer(ScalarKeyOf(s, et), et); }
 
 Value Region::Scalar(const c10::Scalar& s, ET et) {
-  std::string key = ScalarKey(s, et);
+  std::string key = ScalarKeyOf(s, et);
   auto it = op_scalars_.find(key);
   if (it != op_scalars_.end()) return it->second;
   return op_scalars_[key] = NewBufferArg(KeyedScalarBuffer(key, et), Type(et, {}));
@@ -529,7 +526,7 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
   }
   Record* rec = rec_;
   rec_ = nullptr;
-  const bool may_skip = host_tier_ok_ && !rec;
+  const bool may_skip = host_tier_ok_;  // a skip leaves rec without an executable
   host_tier_ok_ = false;
   std::vector<Value> results;
   std::vector<StatePtr> targets;

@@ -134,6 +134,10 @@ class Region {
   // Uploads the u64[2] key for a random op (replay of an Arg::rng_numel).
   static pjrt::BufferPtr RngKeyBuffer(const c10::optional<at::Generator>& gen, int64_t numel);
   static pjrt::BufferPtr ScalarBuffer(const c10::Scalar& s, hlo::ET et);
+  // (type, bits) of s as element type et: the key of its cached device buffer.
+  static std::string ScalarKeyOf(const c10::Scalar& s, hlo::ET et);
+  // The cached one-element device buffer of a ScalarKeyOf key.
+  static pjrt::BufferPtr KeyedScalarBuffer(const std::string& key, hlo::ET et);
   // Runs an executable on raw arguments (asynchronous unless wait), counting it.
   static std::vector<pjrt::BufferPtr> Launch(pjrt::Executable& exe, const std::vector<pjrt::BufferPtr>& args,
                                              bool wait);

@@ -132,7 +132,7 @@ GArg ParseArg(const py::handle& spec) {
       g.scalar_value = c10::Scalar(t[1].cast<double>());
       a.scalar_is_float = true;
     }
-    a.scalar_hint = g.scalar_value.toDouble();
+    a.scalar_value = g.scalar_value.toDouble();
   } else {
     a.kind = ops::Arg::Other;
   }

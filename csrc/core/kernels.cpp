@@ -31,6 +31,7 @@
 #include "events.h"
 #include "executor.h"
 #include "meta.h"
+#include "plan.h"
 #include "runtime.h"
 #include "storage.h"
 
@@ -459,8 +460,22 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   std::string key;
   std::vector<at::Tensor> flat_inputs;
   MetaKey(schema, name, args, key, flat_inputs);
+  const Mode mode = GetMode();
+  const bool debug = mode == Mode::Debug;
+  // Strict mode replays the plan of an earlier call with the same argument
+  // metadata, or records one (plan.h).
+  PlanRecorder plan;
+  std::string plan_key;
+  if (mode == Mode::Strict && PlansEnabled()) {
+    std::lock_guard<std::recursive_mutex> g(Region::Lock());
+    if (Region::Current().empty()) {
+      plan_key = key;
+      PlanKey(flat_inputs, plan_key);
+      if (ReplayPlan(plan_key, schema, name, args, flat_inputs, stack)) return;
+      plan.active = true;
+    }
+  }
   // Debug mode runs the meta kernel uncached and validates against it.
-  const bool debug = GetMode() == Mode::Debug;
   std::shared_ptr<MetaResult> mr = OutputMeta(op, name, args, key, flat_inputs, debug);
   if (debug) DebugBoundsCheck(schema, args);
 
@@ -469,7 +484,10 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   auto make = [&](const OutSpec& o) {
     if (o.input >= 0) {
       at::Tensor real = flat_inputs[o.input];
-      if (real.sizes() != c10::IntArrayRef(o.sizes)) real.resize_(o.sizes);
+      if (real.sizes() != c10::IntArrayRef(o.sizes)) {
+        real.resize_(o.sizes);
+        plan.active = false;  // a plan never resizes an argument
+      }
       return real;
     }
     return empty_strided_tpu(o.sizes, o.strides, o.dtype, std::nullopt, std::nullopt, std::nullopt);
@@ -574,9 +592,11 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
                       sa.name(), "' is on ", t.device());
           a.kind = ops::Arg::Scalar;
           c10::Scalar s = t.item();
-          a.v = r.Scalar(s, ScalarArgType(s, hint));
+          ET set = ScalarArgType(s, hint);
+          a.v = r.Scalar(s, set);
+          plan.Scalar(a.v, {(int)i, -1, set});
           a.v = ops::Cast(r.b(), a.v, ToET(t.scalar_type()));
-          a.scalar_hint = s.isComplex() ? 0.0 : s.toDouble();
+          a.scalar_value = s.isComplex() ? 0.0 : s.toDouble();
         }
       } else if (v.isTensorList()) {
         a.kind = ops::Arg::TensorList;
@@ -598,12 +618,14 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
                  sa.type()->kind() != c10::TypeKind::BoolType) {
         c10::Scalar s = v.toScalar();
         a.kind = ops::Arg::Scalar;
-        a.v = r.Scalar(s, ScalarArgType(s, hint));
+        ET set = ScalarArgType(s, hint);
+        a.v = r.Scalar(s, set);
+        plan.Scalar(a.v, {(int)i, -1, set});
         a.scalar_is_float = s.isFloatingPoint();
         a.scalar_is_int = s.isIntegral(false);
         a.scalar_is_bool = s.isBoolean();
         a.scalar_is_complex = s.isComplex();
-        a.scalar_hint = s.isComplex() ? 0.0 : s.toDouble();
+        a.scalar_value = s.isComplex() ? 0.0 : s.toDouble();
       } else if (v.isList() && sa.type()->kind() == c10::TypeKind::ListType &&
                  sa.type()->containedType(0)->kind() == c10::TypeKind::NumberType) {
         // Scalar[] (e.g. per-tensor learning rates): program arguments, never literals.
@@ -611,7 +633,9 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
         auto l = v.toList();
         for (size_t k = 0; k < l.size(); ++k) {
           c10::Scalar s = l.get(k).toScalar();
-          a.vs.push_back(r.Scalar(s, ScalarArgType(s, hint)));
+          ET set = ScalarArgType(s, hint);
+          a.vs.push_back(r.Scalar(s, set));
+          plan.Scalar(a.vs.back(), {(int)i, (int)k, set});
           a.doubles.push_back(s.isComplex() ? 0.0 : s.toDouble());
         }
       } else if (v.isInt()) {
@@ -647,7 +671,16 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
       c.args.push_back(std::move(a));
     }
     for (auto& t : outs) c.outs.push_back(Type(ToET(t.scalar_type()), hlo::Dims(t.sizes().begin(), t.sizes().end())));
-    c.host_scalar = [&r](double d, ET et) { return r.Scalar(c10::Scalar(d), et); };
+    c.host_scalar = [&r, &plan](double d, ET et) {
+      Value v = r.Scalar(c10::Scalar(d), et);
+      plan.Scalar(v, {-1, -1, et});
+      return v;
+    };
+    c.float_arg_input = [&r, &plan, &args](size_t i, ET et) {
+      Value v = r.Scalar(c10::Scalar(args[i].toDouble()), et);
+      plan.Scalar(v, {(int)i, -1, et});
+      return v;
+    };
     if (lw->random) {
       c10::optional<at::Generator> gen;
       for (auto& v : args)
@@ -678,6 +711,8 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     throw;
   }
   if (host_tier) r.AllowHostTier();
+  Region::Record rec;
+  if (plan.active) r.RecordNextFlush(&rec);
   try {
     if (debug) DebugFinish(name, outs);
     else Finish(r, Signature(name, flat_inputs));
@@ -688,6 +723,7 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     RunOnHost(op, stack, name);
     return;
   }
+  plan.Finish(plan_key, mr, rec, args, c.args, flat_inputs, outs);
   GetMetrics().Native(name);
   torch::jit::drop(*stack, nargs);
   for (auto& v : rets) stack->push_back(std::move(v));

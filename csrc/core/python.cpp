@@ -6,6 +6,7 @@
 #include "events.h"
 #include "executor.h"
 #include "generator.h"
+#include "plan.h"
 #include "runtime.h"
 #include "storage.h"
 
@@ -145,6 +146,7 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   m.def("_set_host_tier_runs", &tt::SetHostTierRuns);
+  m.def("_set_op_plans", &tt::SetPlansEnabled, "Turns strict mode's op plans on or off; returns the previous setting");
   m.def("_reset_metrics", []() {
     tt::GetMetrics().Reset();
     std::lock_guard<std::recursive_mutex> g(tt::Region::Lock());

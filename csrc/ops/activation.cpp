@@ -310,7 +310,7 @@ std::vector<Value> RreluWithNoiseBackward(LowerCtx& c) {
   ET ct = CT(c);
   Value g = In(c, 0, ct), x = In(c, 1, ct), lo = In(c, 3, ct), hi = In(c, 4, ct);
   bool training = c.flag(5);
-  double l = c.arg(3).scalar_hint, u = c.arg(4).scalar_hint;
+  double l = c.arg(3).hint(), u = c.arg(4).hint();
   if (training && u - l > 1e-6) return {b.Mul(g, In(c, 2, ct))};
   Value slope = b.Div(b.Add(lo, hi), S(b, lo, 2));
   return {b.Select(GT(b, x, b.Zeros(x.type)), g, b.Mul(g, slope))};

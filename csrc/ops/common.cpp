@@ -57,15 +57,18 @@ int64_t LowerCtx::i64(size_t i) const {
   const Arg& a = arg(i);
   if (a.kind == Arg::Int) return a.i;
   if (a.kind == Arg::Bool) return a.b;
-  if (a.kind == Arg::Scalar) return (int64_t)a.scalar_hint;
+  if (a.kind == Arg::Scalar) return (int64_t)a.hint();
   fail("argument " + std::to_string(i) + " is not an int");
 }
 
 double LowerCtx::f64(size_t i) const {
   const Arg& a = arg(i);
-  if (a.kind == Arg::Double) return a.d;
+  if (a.kind == Arg::Double) {
+    a.used = true;
+    return a.d;
+  }
   if (a.kind == Arg::Int) return (double)a.i;
-  if (a.kind == Arg::Scalar) return a.scalar_hint;
+  if (a.kind == Arg::Scalar) return a.hint();
   fail("argument " + std::to_string(i) + " is not a float");
 }
 
@@ -75,7 +78,7 @@ bool LowerCtx::flag(size_t i, bool dflt) const {
   if (a.kind == Arg::Bool) return a.b;
   if (a.kind == Arg::Int) return a.i != 0;
   // Optional bools (`bool?`) arrive as Scalars from the native kernel.
-  if (a.kind == Arg::Scalar && a.scalar_is_bool) return a.scalar_hint != 0;
+  if (a.kind == Arg::Scalar && a.scalar_is_bool) return a.hint() != 0;
   fail("argument " + std::to_string(i) + " is not a bool");
 }
 

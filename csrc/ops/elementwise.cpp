@@ -283,7 +283,7 @@ std::vector<Value> AddLowering(LowerCtx& c) {
   auto [x, y] = Operands(c, 0, 1, ct);
   if (c.has(2) && c.arg(2).kind == Arg::Scalar) {
     const Arg& al = c.arg(2);
-    if (!(al.scalar_hint == 1.0 && !al.scalar_is_complex))
+    if (!(al.hint() == 1.0 && !al.scalar_is_complex))
       y = c.b.Mul(y, Bcast(c.b, al.v, y.dims(), ct));
   }
   return {Sub ? c.b.Sub(x, y) : b_add(c.b, x, y)};
@@ -491,7 +491,7 @@ TT_LOWERINGS(({"aten::clamp_max", "aten::clamp_max_", "aten::clamp_max.out", "at
 // checked conversion does (torch.full((3,), 300, dtype=torch.int8)).
 void CheckFillRange(const LowerCtx& c, const Arg& a, ET et) {
   if (a.kind != Arg::Scalar || a.scalar_is_complex || a.scalar_is_bool || IsBool(et) || IsComplex(et)) return;
-  double v = a.scalar_hint, lo = 0, hi = 0;
+  double v = a.hint(), lo = 0, hi = 0;
   switch (et) {
     case ET::S8: lo = -128; hi = 127; break;
     case ET::U8: lo = -255; hi = 255; break;  // unsigned: negatives wrap, as c10 allows

@@ -89,7 +89,7 @@ std::vector<Value> IndexAdd(LowerCtx& c) {
   Value x = Cast(b, c.t(0), o.et);
   Value idx = c.t(2);
   Value src = Cast(b, c.t(3), o.et);
-  if (c.has(4) && c.arg(4).kind == Arg::Scalar && c.arg(4).scalar_hint != 1.0)
+  if (c.has(4) && c.arg(4).kind == Arg::Scalar && c.arg(4).hint() != 1.0)
     src = b.Mul(src, Bcast(b, c.t(4), src.dims(), o.et));
   if (x.rank() == 0) {
     return {b.Add(x, b.Reshape(SumDims(b, src, src.rank() ? Dims{0} : Dims{}, false, o.et), {}))};

@@ -33,12 +33,12 @@ TT_LOWERINGS(({"aten::vdot", "aten::vdot.out"}), Vdot);
 Value AddScaled(LowerCtx& c, Value p, ET ct) {
   Builder& b = c.b;
   const Dims& d = p.dims();
-  if (c.has(4) && c.arg(4).kind == Arg::Scalar && c.arg(4).scalar_hint != 1.0)
+  if (c.has(4) && c.arg(4).kind == Arg::Scalar && c.arg(4).hint() != 1.0)
     p = b.Mul(p, Bcast(b, c.t(4), d, ct));
   if (c.has(3) && c.arg(3).kind == Arg::Scalar) {
-    if (c.arg(3).scalar_hint == 0.0) return p;
+    if (c.arg(3).hint() == 0.0) return p;
     Value s = Bcast(b, c.t(0), d, ct);
-    if (c.arg(3).scalar_hint != 1.0) s = b.Mul(s, Bcast(b, c.t(3), d, ct));
+    if (c.arg(3).hint() != 1.0) s = b.Mul(s, Bcast(b, c.t(3), d, ct));
     return b.Add(s, p);
   }
   return b.Add(Bcast(b, c.t(0), d, ct), p);

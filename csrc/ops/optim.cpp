@@ -83,7 +83,7 @@ std::vector<Value> ForeachBinary(LowerCtx& c) {
     switch (Op) {
       case BinOp::Add:
       case BinOp::Sub:
-        if (c.has(2) && c.arg(2).kind == Arg::Scalar && c.arg(2).scalar_hint != 1.0)
+        if (c.has(2) && c.arg(2).kind == Arg::Scalar && c.arg(2).hint() != 1.0)
           y = c.b.Mul(y, Bcast(c.b, c.arg(2).v, ot.dims, ct));
         r = Op == BinOp::Add ? (ct == ET::PRED ? c.b.Binary("or", x, y) : c.b.Add(x, y))
                              : c.b.Sub(x, y);
@@ -205,7 +205,7 @@ std::vector<Value> ForeachAddc(LowerCtx& c) {
     Value x = Bcast(c.b, xs[k], ot.dims, ct);
     Value t1 = ListOperand(c, 1, k, ot.dims, ct, 0), t2 = ListOperand(c, 2, k, ot.dims, ct, 1);
     Value p = Div ? c.b.Div(t1, t2) : c.b.Mul(t1, t2);
-    if (IsScalarish(c, 3) && !(c.arg(3).kind == Arg::Scalar && c.arg(3).scalar_hint == 1.0))
+    if (IsScalarish(c, 3) && !(c.arg(3).kind == Arg::Scalar && c.arg(3).hint() == 1.0))
       p = c.b.Mul(p, ListOperand(c, 3, k, ot.dims, ct, 1.0));
     out.push_back(c.b.Add(x, p));
   }
@@ -367,7 +367,7 @@ struct FusedCtx {
     if (it != memo_.end()) return it->second;
     const Arg& a = c.arg(i);
     Value v = a.kind == Arg::Tensor || a.kind == Arg::Scalar ? Cast(c.b, c.b.Reshape(a.v, {}), ct)
-                                                             : c.scalar_arg(c.f64(i), ct);
+                                                             : c.num_arg(i, ct);
     return memo_[key] = v;
   }
   // Optional tensor argument (grad_scale, found_inf) as a 0-d ct value.

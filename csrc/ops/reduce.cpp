@@ -195,7 +195,7 @@ Dims OptIntDim(const LowerCtx& c, int rank) {
   int di = ArgIndex(c, "dim");
   if (di < 0 || !c.has(di)) return RedDims(c, -1, rank);
   const Arg& a = c.arg(di);
-  int64_t d = a.kind == Arg::Scalar ? (int64_t)a.scalar_hint
+  int64_t d = a.kind == Arg::Scalar ? (int64_t)a.hint()
               : a.kind == Arg::IntList && !a.ints.empty() ? a.ints[0] : c.i64(di);
   if (rank == 0) {
     if (d != 0 && d != -1) c.fail("dim out of range");

@@ -38,7 +38,12 @@ struct Arg {
   bool b = false;                   // Bool
   bool scalar_is_float = false, scalar_is_int = false, scalar_is_bool = false,
        scalar_is_complex = false;  // Scalar: the Python type it came from
-  double scalar_hint = 0;          // Scalar's value; only for shape-like uses
+  // A Scalar's value (a CPU 0-d tensor's too). Read it through hint(): a
+  // lowering that bakes a value into the program marks the argument `used`,
+  // so strict mode's op plans replay that program only for the same value.
+  double scalar_value = 0;
+  mutable bool used = false;  // the lowering read this Scalar/float's value
+  double hint() const { used = true; return scalar_value; }
   std::vector<int64_t> ints;       // IntList
   std::vector<double> doubles;     // DoubleList
   std::vector<bool> bools;         // BoolList
@@ -65,6 +70,14 @@ struct LowerCtx {
   std::function<Value(double, ET)> host_scalar;
   Value scalar_arg(double d, ET et) const {
     return host_scalar ? host_scalar(d, et) : b.Splat(Type(et, {}), d);
+  }
+  // Schema float argument i (a learning rate) as a 0-d program argument
+  // whose value may change from call to call with no new lowering (strict
+  // mode's op plans substitute the new value).
+  std::function<Value(size_t, ET)> float_arg_input;
+  Value num_arg(size_t i, ET et) const {
+    if (float_arg_input && arg(i).kind == Arg::Double) return float_arg_input(i, et);
+    return scalar_arg(f64(i), et);
   }
 
   const Arg& arg(size_t i) const {
