@@ -109,7 +109,8 @@ print(json.dumps({name: {"median_step_ms": 1000 * statistics.median(c["times"][k
 
 def _script(code: str, cache_dir: str) -> dict:
     """Runs a benchmark script in a fresh process; its last stdout line is JSON."""
-    env = dict(os.environ, TORCHTPU_CACHE_DIR=cache_dir, PYTHONPATH=ROOT, TORCHTPU_MODE="strict",
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=cache_dir, TORCHTPU_MODE="strict",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=3600)
     if r.returncode != 0:

@@ -417,3 +417,41 @@ def test_untyped_storage_on_device():
     assert s.nbytes() == 64
     cs = torch.UntypedStorage(8).tpu()
     assert cs.device.type == "tpu"
+
+
+# ---------------------------------------------------------------- the CUDA plugin without a GPU
+def _cuda_plugin_installed() -> bool:
+    from torchtpu import _plugin
+
+    try:
+        _plugin.resolve("cuda")
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _cuda_plugin_installed(), reason="no CUDA PJRT plugin package installed")
+def test_cuda_plugin_without_a_gpu_raises_a_clear_error(pyrun):
+    # The plugin fails to load (no CUDA libraries or driver) or finds no device: each
+    # attempt raises a RuntimeError saying what the plugin needs; the process lives on.
+    code = """
+import torch, torchtpu
+for _ in range(2):
+    try:
+        x = torch.ones(4, device="tpu")
+        print("STARTED", torch.tpu.get_device_name(), float(x.sum()))
+        break
+    except RuntimeError as e:
+        print("ERROR", e)
+print("ALIVE")
+"""
+    r = pyrun(code, env={"TORCHTPU_PLUGIN": "cuda"}, timeout=300)
+    assert r.returncode == 0 and "ALIVE" in r.stdout, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    if "STARTED" in r.stdout:
+        assert "4.0" in r.stdout  # a machine with a usable GPU
+        return
+    errors = [l for l in r.stdout.splitlines() if l.startswith("ERROR")]
+    assert len(errors) == 2, r.stdout
+    for e in errors:
+        assert "TORCHTPU_PLUGIN=cuda could not start the CUDA PJRT plugin" in e, e
+        assert "NVIDIA GPU" in e and "TORCHTPU_PLUGIN=cpu" in e, e

@@ -104,6 +104,18 @@ Runtime::Runtime() {
                         "other process holding the TPU; on other machines use TORCHTPU_PLUGIN=cpu "
                         "or cuda)",
                         e.code());
+    if (c.plugin_name == "cuda") {
+      // Without a GPU the plugin fails to load (its CUDA libraries or the driver's
+      // libcuda.so.1 are missing) or finds no device: say what it needs.
+      const char* ver = c.plugin_path.find("cuda12") != std::string::npos ? "12" : "13";
+      throw pjrt::Error(std::string("torchtpu: TORCHTPU_PLUGIN=cuda could not start the CUDA PJRT "
+                                    "plugin: ") +
+                            e.what() + " (it needs an NVIDIA GPU, its driver "
+                            "(libcuda.so.1) and the CUDA " + ver + " libraries of the nvidia-* "
+                            "wheels: cuda-runtime, cublas, cudnn, cuda-nvrtc, cuda-cupti; on a "
+                            "machine without one use TORCHTPU_PLUGIN=cpu)",
+                        e.code());
+    }
     throw;
   }
 }
