@@ -75,8 +75,9 @@ void KeyTensor(std::string& k, const at::Tensor& t, std::vector<at::Tensor>& fla
     return;
   }
   if (!IsTpu(t)) {
-    // CPU 0-d tensor used as a scalar: its value is data, not metadata
-    k += 'c';
+    // CPU 0-d tensor used as a scalar: its value is data, not metadata; a
+    // wrapped Python number promotes differently from a 0-d tensor
+    k += t.unsafeGetTensorImpl()->is_wrapped_number() ? 'w' : 'c';
     k += (char)t.scalar_type();
     AppendRaw(k, t.sizes().data(), t.dim() * sizeof(int64_t));
     return;
