@@ -4,9 +4,14 @@ in the same process.
     python benchmarks/bench_eager.py [--steps 30] [--json out.json]
 
 Reports:
-  * per-op host overhead of a 1k-element add (tpu strict vs CPU eager),
+  * per-op host overhead of a 1k-element add (tpu strict, with and without
+    op plans, vs CPU eager), and where the host time of one op goes,
+  * defer_and_fuse recording cost per op,
+  * host time of one fused AdamW step (torch.optim.AdamW(fused=True)) over
+    the GPT demo's parameters, with and without op plans,
   * compile time per op program (first call of a new op/shape),
-  * GPT demo training step time on tpu vs CPU.
+  * GPT demo training step time on tpu vs CPU, split into host time (the
+    step's Python call returns) and wait (reading the loss).
 """
 from __future__ import annotations
 
@@ -29,23 +34,69 @@ def _timeit(fn, n: int) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def op_overhead(n: int = 2000) -> dict:
+def op_overhead(n: int = 4000) -> dict:
     a_cpu, b_cpu = torch.randn(1000), torch.randn(1000)
     a, b = a_cpu.to("tpu"), b_cpu.to("tpu")
-    cpu = _timeit(lambda: torch.add(a_cpu, b_cpu), n)
+    out = {"cpu_add_us": _timeit(lambda: torch.add(a_cpu, b_cpu), n) * 1e6}
+    for plans in (False, True):
+        prev = torchtpu._C._set_op_plans(plans)
+        tag = "plans" if plans else "no_plans"
+        out[f"tpu_add_dispatch_us_{tag}"] = _timeit(lambda: torch.add(a, b), n) * 1e6
+        torch.tpu.synchronize()
+        torchtpu.reset_metrics()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            torch.add(a, b)
+        torch.tpu.synchronize()
+        out[f"tpu_add_with_sync_us_{tag}"] = (time.perf_counter() - t0) / n * 1e6
+        m = torchtpu.metrics()
+        # of which: the PJRT execute call (argument handles, launch, result buffers)
+        out[f"tpu_add_launch_us_{tag}"] = m["flush_host_seconds"]["launch"] / n * 1e6
+        out[f"tpu_add_build_text_us_{tag}"] = m["flush_host_seconds"]["build_text"] / n * 1e6
+        torchtpu._C._set_op_plans(prev)
+    out["overhead_ratio"] = out["tpu_add_dispatch_us_plans"] / out["cpu_add_us"]
+    out["plans_speedup"] = out["tpu_add_dispatch_us_no_plans"] / out["tpu_add_dispatch_us_plans"]
+    return out
 
-    def tpu_add():
-        torch.add(a, b)
 
-    tpu_dispatch = _timeit(tpu_add, n)
-    torch.tpu.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        c = torch.add(a, b)
-    torch.tpu.synchronize()
-    tpu_total = (time.perf_counter() - t0) / n
-    return {"cpu_add_us": cpu * 1e6, "tpu_add_dispatch_us": tpu_dispatch * 1e6,
-            "tpu_add_with_sync_us": tpu_total * 1e6, "overhead_ratio": tpu_dispatch / cpu}
+def defer_record(n_ops: int = 400, reps: int = 5) -> dict:
+    """Host time to record one elementwise op in defer_and_fuse mode (the
+    region is flushed outside the timed loop)."""
+    b = torch.randn(1000, device="tpu")
+    best = float("inf")
+    with torchtpu.mode("defer_and_fuse"):
+        for _ in range(reps + 1):
+            y = torch.zeros(1000, device="tpu")
+            t0 = time.perf_counter()
+            for _ in range(n_ops):
+                y = y + b
+            dt = time.perf_counter() - t0
+            y.cpu()
+            best = min(best, dt)
+    return {"defer_record_us_per_op": best / n_ops * 1e6}
+
+
+def fused_adamw(n: int = 30) -> dict:
+    """Host time of one fused AdamW step (no waiting) over the GPT demo's parameters."""
+    model = make_model(GPTConfig()).to("tpu")
+    params = list(model.parameters())
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=3e-3, fused=True)
+    out = {"params": len(params)}
+    for plans in (False, True):
+        prev = torchtpu._C._set_op_plans(plans)
+        times = []
+        for i in range(n):
+            opt.param_groups[0]["lr"] = 3e-3 * (1 - i / (2 * n))  # a scheduler: a new lr every step
+            torch.tpu.synchronize()
+            t0 = time.perf_counter()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+        torch.tpu.synchronize()
+        out["host_ms_" + ("plans" if plans else "no_plans")] = statistics.median(times[3:]) * 1e3
+        torchtpu._C._set_op_plans(prev)
+    return out
 
 
 def compile_time(n_ops: int = 8) -> dict:
@@ -61,28 +112,35 @@ def compile_time(n_ops: int = 8) -> dict:
             "wall_seconds": dt}
 
 
-def gpt_step(steps: int) -> dict:
+def gpt_step(steps: int, batch: int = 8) -> dict:
     cfg = GPTConfig()
     corpus = synthetic_corpus(20000, cfg.vocab_size)
-    out = {}
+    out = {"batch": batch, "block_size": cfg.block_size}
     for device in ("cpu", "tpu"):
         model = make_model(cfg).to(device)
         step = make_train_step(model, torch.optim.AdamW(model.parameters(), lr=3e-3))
-        times = []
-        for x, y in batches(corpus, 16, cfg.block_size, steps):
+        times, host = [], []
+        for x, y in batches(corpus, batch, cfg.block_size, steps):
+            x, y = x.to(device), y.to(device)
             t0 = time.perf_counter()
-            step(x.to(device), y.to(device)).item()
+            loss = step(x, y)
+            t1 = time.perf_counter()
+            loss.item()
             times.append(time.perf_counter() - t0)
+            host.append(t1 - t0)
         out[f"{device}_first_step_ms"] = times[0] * 1000
         out[f"{device}_median_step_ms"] = statistics.median(times[steps // 3:]) * 1000
+        out[f"{device}_median_host_ms"] = statistics.median(host[steps // 3:]) * 1000
+    out["tpu_median_wait_ms"] = out["tpu_median_step_ms"] - out["tpu_median_host_ms"]
     out["tpu_over_cpu_step_time"] = out["tpu_median_step_ms"] / out["cpu_median_step_ms"]
     torchtpu.reset_metrics()
     model = make_model(cfg).to("tpu")
     step = make_train_step(model, torch.optim.AdamW(model.parameters(), lr=3e-3))
-    for x, y in batches(corpus, 16, cfg.block_size, 2):
+    for x, y in batches(corpus, batch, cfg.block_size, 2):
         step(x.to("tpu"), y.to("tpu")).item()
     m = torchtpu.metrics()
     out["programs_per_step"] = m["executions"] / 2
+    out["plan_replays_per_step"] = m["plan_replays"] / 2
     out["cpu_fallbacks"] = m["cpu_fallbacks"]
     return out
 
@@ -93,7 +151,8 @@ def main(argv=None):
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    res = {"op_overhead": op_overhead(), "compile_time": compile_time(), "gpt_step": gpt_step(args.steps)}
+    res = {"op_overhead": op_overhead(), "defer_record": defer_record(), "fused_adamw": fused_adamw(),
+           "compile_time": compile_time(), "gpt_step": gpt_step(args.steps)}
     print(json.dumps(res, indent=2))
     if args.json:
         with open(args.json, "w") as f:

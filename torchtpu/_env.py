@@ -33,6 +33,8 @@ MEMORY_LIMIT = _var("TORCHTPU_MEMORY_LIMIT", "", "device memory limit, bytes or 
 MODE = _var("TORCHTPU_MODE", "strict", "default eager mode: strict | debug | defer_and_fuse")
 CACHE_DIR = _var("TORCHTPU_CACHE_DIR", "~/.cache/torchtpu",
                  "persistent compilation cache directory (default under the user cache dir); '' disables")
+OP_PLANS = _var("TORCHTPU_OP_PLANS", "1",
+                 "strict mode replays a repeated op's program and binding with no lowering (0: off)")
 CACHE_MAX_BYTES = _var("TORCHTPU_CACHE_MAX_BYTES", "8G", "size bound of the persistent cache (LRU eviction)")
 
 

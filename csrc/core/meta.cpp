@@ -402,7 +402,15 @@ c10::KernelFunction Fn() {
   return c10::KernelFunction::makeFromUnboxedFunction(c10::CompileTimeFunctionPointer<F, f>());
 }
 
-// abs (no C++ meta function): a tensor like self, for real dtypes and
+// max()/min() of a whole non-empty tensor (CppRule checks): a 0-d tensor of its dtype.
+void FullReductionRule(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* s) {
+  const at::Tensor& self = (*s)[0].toTensor();
+  at::Tensor out = at::empty_strided({}, {}, self.options());
+  s->clear();
+  s->push_back(std::move(out));
+}
+
+// abs, relu (no C++ meta function): a tensor like self, for real dtypes and
 // dense inputs (CppRule checks), as TensorIterator allocates it.
 void AbsRule(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* s) {
   const at::Tensor& self = (*s)[0].toTensor();
@@ -498,6 +506,9 @@ const std::unordered_map<std::string, c10::KernelFunction>& CppRules() {
       {"aten::tril", Fn<at::Tensor(T, int64_t), &at::meta::tril>()},
       {"aten::triu", Fn<at::Tensor(T, int64_t), &at::meta::triu>()},
       {"aten::abs", c10::KernelFunction::makeFromBoxedFunction<&AbsRule>()},
+      {"aten::relu", c10::KernelFunction::makeFromBoxedFunction<&AbsRule>()},
+      {"aten::max", c10::KernelFunction::makeFromBoxedFunction<&FullReductionRule>()},
+      {"aten::min", c10::KernelFunction::makeFromBoxedFunction<&FullReductionRule>()},
       // in-place fills
       {"aten::normal_", Fn<at::Tensor&(at::Tensor&, double, double, std::optional<at::Generator>),
                            &at::meta::normal_>()},
@@ -514,10 +525,11 @@ const c10::KernelFunction* CppRule(const std::string& name, const std::vector<c1
   const auto& rules = CppRules();
   auto it = rules.find(name);
   if (it == rules.end()) return nullptr;
-  if (name == "aten::abs") {
+  if (name == "aten::abs" || name == "aten::relu") {
     const at::Tensor& t = args[0].toTensor();
     if (t.is_complex() || !t.is_non_overlapping_and_dense()) return nullptr;
   }
+  if ((name == "aten::max" || name == "aten::min") && args[0].toTensor().numel() == 0) return nullptr;
   return &it->second;
 }
 

@@ -368,9 +368,25 @@ BINARY_T("mul", BinaryLowering<b_mul>);
 BINARY_T("div", DivLowering);
 BINARY_T("remainder", RemainderLowering);
 BINARY_T("fmod", FmodLowering);
-BINARY_T("bitwise_and", BinaryLowering<b_and>);
-BINARY_T("bitwise_or", BinaryLowering<b_or>);
-BINARY_T("bitwise_xor", BinaryLowering<b_xor>);
+// Bitwise ops exist for integers and bool only: floats raise as CPU/CUDA's
+// kernels do (XLA would reject the program with a less helpful message).
+template <BinaryFn F>
+std::vector<Value> BitwiseLowering(LowerCtx& c) {
+  ET et = c.out().et;
+  if (hlo::IsFloat(et) || IsComplex(et)) {
+    static const std::unordered_map<int, const char*> kNames = {
+        {(int)ET::F32, "Float"}, {(int)ET::F64, "Double"}, {(int)ET::F16, "Half"}, {(int)ET::BF16, "BFloat16"},
+        {(int)ET::C64, "ComplexFloat"}, {(int)ET::C128, "ComplexDouble"}};
+    auto it = kNames.find((int)et);
+    std::string base = c.op.substr(6, c.op.find('.') == std::string::npos ? std::string::npos : c.op.find('.') - 6);
+    if (!base.empty() && base.back() == '_') base.pop_back();
+    c.fail("\"" + base + "\" not implemented for '" + (it == kNames.end() ? hlo::ETName(et) : it->second) + "'");
+  }
+  return BinaryLowering<F>(c);
+}
+BINARY_T("bitwise_and", BitwiseLowering<b_and>);
+BINARY_T("bitwise_or", BitwiseLowering<b_or>);
+BINARY_T("bitwise_xor", BitwiseLowering<b_xor>);
 TT_LOWERINGS(({"aten::div.Tensor_mode", "aten::div_.Tensor_mode", "aten::div.out_mode",
                "aten::div.Scalar_mode", "aten::div_.Scalar_mode", "aten::div.Scalar_mode_out"}),
              DivLowering);
