@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from _report import report  # benchmarks/_report.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,6 +29,7 @@ import time, json, statistics
 t_start = time.perf_counter()
 import torch, torchtpu
 from torchtpu.examples.gpt import GPTConfig, batches, make_model, make_train_step, synthetic_corpus
+
 t_import = time.perf_counter()
 cfg = GPTConfig()
 corpus = synthetic_corpus(4000, cfg.vocab_size)
@@ -161,10 +163,7 @@ def main(argv=None):
             res[name] = {"cold": cold, "warm": warm,
                          "warm_compile_seconds_fraction": warm["compile_seconds"] / max(cold["compile_seconds"], 1e-9),
                          "warm_first_step_end_fraction": warm["first_step_end_s"] / cold["first_step_end_s"]}
-    print(json.dumps(res, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    report(res, args.json)
 
 
 if __name__ == "__main__":

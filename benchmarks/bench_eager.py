@@ -16,7 +16,6 @@ Reports:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -24,6 +23,8 @@ import torch
 
 import torchtpu
 from torchtpu.examples.gpt import GPTConfig, batches, make_model, make_train_step, synthetic_corpus
+from _report import report  # benchmarks/_report.py
+
 
 
 def _timeit(fn, n: int) -> float:
@@ -153,10 +154,7 @@ def main(argv=None):
     torch.set_num_threads(max(1, torch.get_num_threads()))
     res = {"op_overhead": op_overhead(), "defer_record": defer_record(), "fused_adamw": fused_adamw(),
            "compile_time": compile_time(), "gpt_step": gpt_step(args.steps)}
-    print(json.dumps(res, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    report(res, args.json)
 
 
 if __name__ == "__main__":

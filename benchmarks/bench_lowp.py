@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import sys
@@ -36,6 +35,7 @@ if "TORCHTPU_CACHE_DIR" not in os.environ:
 import torch  # noqa: E402
 
 import torchtpu  # noqa: E402
+from _report import report  # noqa: E402  (benchmarks/_report.py)
 from torchtpu import quant as Q  # noqa: E402
 
 
@@ -143,10 +143,7 @@ def main():
 
     for f, r in res["model"].items():
         res["model"][f] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
-    print(json.dumps(res, indent=1))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(res, fh, indent=1)
+    report(res, args.json)
 
 
 if __name__ == "__main__":

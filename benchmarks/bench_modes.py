@@ -28,6 +28,7 @@ import os
 import statistics
 import sys
 import time
+from _report import report  # benchmarks/_report.py
 
 # this checkout's torchtpu, not an installed one
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,6 +43,7 @@ import torch  # noqa: E402
 
 import torchtpu  # noqa: E402
 from torchtpu.examples.gpt import GPTConfig, batches, make_model, make_train_step, synthetic_corpus
+
 
 
 class _ChunkOps:
@@ -200,10 +202,7 @@ def main() -> None:
         r["speedup_defer_chunk0_vs_strict"] = r["strict"]["step_ms"] / r["defer_and_fuse_chunk0"]["step_ms"]
         r["speedup_defer_vs_strict_pipelined"] = r["strict"]["pipelined_ms"] / r["defer_and_fuse"]["pipelined_ms"]
     res["chain"] = _chain(9 * args.repeat)
-    print(json.dumps(res, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    report(res, args.json)
 
 
 if __name__ == "__main__":

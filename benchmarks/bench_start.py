@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from _report import report  # benchmarks/_report.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,6 +28,7 @@ t0 = time.perf_counter()
 import torch
 t1 = time.perf_counter()
 import torchtpu
+
 x = torch.randn(3, 3, device="tpu")
 print(x + 1)
 t2 = time.perf_counter()
@@ -65,10 +67,7 @@ def main(argv=None):
         "sympy_imported": any(w["sympy_imported"] for w in warm),
         "python_meta_ops": warm[-1]["python_meta_ops"],
     }
-    print(json.dumps(res, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    report(res, args.json)
 
 
 if __name__ == "__main__":
