@@ -47,6 +47,39 @@ def test_mlp_forward_backward_matches_cpu():
     assert s["graph_fallbacks"] == before["graph_fallbacks"]
 
 
+def test_saved_weight_views_alias_the_weights_and_backward_matches_cpu(monkeypatch):
+    # The forward graph saves t(weight) for the backward: it is made on the host as a view
+    # of the weight (as eager and Inductor do), not returned by the program (an XLA copy of
+    # the weight per step); the weight's later in-place update is seen by it, as in eager.
+    programs = []
+    run = _compile._Lowerer.run
+    monkeypatch.setattr(_compile._Lowerer, "run", lambda self: programs.append(run(self)) or programs[-1])
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    ref = m(x)
+    ref.sum().backward()
+    mt = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    mt.load_state_dict(m.state_dict())
+    mt = mt.to("tpu")
+    for _ in range(2):  # the second call replays the program
+        mt.zero_grad()
+        out = torch.compile(mt, backend="tpu")(x.to("tpu"))
+        out.sum().backward()
+        torch.testing.assert_close(out.detach().cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
+        for a, b in zip(mt.parameters(), m.parameters()):
+            torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-5, atol=1e-5)
+    aliased = [a for p in programs for a in p["alias_outputs"]]
+    assert len(aliased) == 1  # t(weight) of the second layer (x needs no gradient: the first's is not saved)
+    with torch.no_grad():  # an in-place update of a weight after the forward: eager's version check
+        mt[2].weight.add_(1.0)
+    out = torch.compile(mt, backend="tpu")(x.to("tpu"))
+    with torch.no_grad():
+        mt[2].weight.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
 def test_fullgraph_and_programs_are_cached(metrics):
     def f(a, b):
         return torch.relu(a @ b + 1.0).sum(dim=0)

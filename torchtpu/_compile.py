@@ -96,12 +96,18 @@ def _cpu_slice(gm: torch.fx.GraphModule, targets: list, placeholders: list):
 
 
 class _Lowerer:
-    def __init__(self, gm: torch.fx.GraphModule):
+    def __init__(self, gm: torch.fx.GraphModule, alias_views: bool = False):
         self.gm = gm
         self.next = 0
         self.ids: dict[torch.fx.Node, Any] = {}
         self.constants: list[torch.Tensor] = []  # get_attr tensors, passed after the graph inputs
         self.cpu_outputs: list[int] = []  # outputs the graph produces on the CPU
+        # outputs that are views of an unmutated device input (a forward graph's saved t(weight)):
+        # (output index, input index, sizes, strides, storage offset), made on the host as views
+        # of the input, as eager and Inductor do, instead of program outputs (each a copy of the
+        # input in the program). Off for the Inductor device pass (its op's outputs may not alias).
+        self.alias_views = alias_views
+        self.alias_outputs: list[tuple[int, int, list[int], list[int], int]] = []
         self.cpu_updates = None  # (fn, its input indices, mutated input indices) for CPU inputs updated in place
 
     def new(self) -> int:
@@ -273,6 +279,13 @@ class _Lowerer:
                     v = o.meta.get("val")
                     if not isinstance(v, torch.Tensor):
                         raise Unsupported("non-tensor graph output")
+                    src = self._input_view_of(o, v, ph_index, {k for k, _ in mutations} | {k for k, _ in cpu_mut})
+                    if src is not None:
+                        outputs.append(-1)
+                        out_meta.append((0, [], []))
+                        self.alias_outputs.append((len(outputs) - 1, src, list(v.shape), list(v.stride()),
+                                                   v.storage_offset()))
+                        continue
                     outputs.append(self.tensor_id(o))
                     out_meta.append((_et(v.dtype), list(v.shape), list(v.stride())))
                     if v.device.type == "cpu":
@@ -285,7 +298,31 @@ class _Lowerer:
             fn, used = _cpu_slice(self.gm, [src for _, src in cpu_mut], placeholders)
             self.cpu_updates = (fn, used, [k for k, _ in cpu_mut])
         return {"build": (self.next, input_ids, nodes, outputs, out_meta, mutations),
-                "constants": self.constants, "cpu_outputs": self.cpu_outputs, "cpu_updates": self.cpu_updates}
+                "constants": self.constants, "cpu_outputs": self.cpu_outputs, "cpu_updates": self.cpu_updates,
+                "alias_outputs": self.alias_outputs}
+
+    _VIEW_OPS = (torch.ops.aten.t.default, torch.ops.aten.permute.default, torch.ops.aten.transpose.int,
+                 torch.ops.aten.view.default, torch.ops.aten.expand.default, torch.ops.aten.alias.default,
+                 torch.ops.aten.unsqueeze.default, torch.ops.aten.squeeze.dim, torch.ops.aten.slice.Tensor,
+                 torch.ops.aten.select.int)
+
+    def _input_view_of(self, o: torch.fx.Node, v: torch.Tensor, ph_index: dict, mutated: set):
+        """The index of the device input whose view output o is (a chain of view ops from a
+        placeholder sharing its storage), or None."""
+        if not self.alias_views or o.op == "placeholder":
+            return None
+        n = o
+        while n.op == "call_function" and n.target in self._VIEW_OPS and isinstance(n.args[0], torch.fx.Node):
+            n = n.args[0]
+        if n is o or n not in ph_index or ph_index[n] in mutated:
+            return None
+        pv = n.meta.get("val")
+        if not isinstance(pv, torch.Tensor) or pv.device.type != "tpu" or pv.dtype != v.dtype:
+            return None
+        from torch.multiprocessing.reductions import StorageWeakRef
+        if StorageWeakRef(pv.untyped_storage()) != StorageWeakRef(v.untyped_storage()):
+            return None
+        return ph_index[n]
 
 
 def _fall_back(reason: str) -> None:
@@ -367,7 +404,7 @@ def _graph_compiler(gm: torch.fx.GraphModule, example_inputs):
         # the split module runs as Python (not cached: GraphCode without a program)
         return GraphCode(split, None, "split at collectives")
     try:
-        program = _Lowerer(gm).run()
+        program = _Lowerer(gm, alias_views=True).run()
     except Unsupported as e:
         _fall_back(str(e))
         return GraphCode(gm, None, str(e))
@@ -383,6 +420,7 @@ def _runner(program: dict, cpu_updates, make_eager):
     graph = _C._build_graph(str(id(program)), *program["build"])
     consts = program["constants"]
     cpu_outputs = program["cpu_outputs"]
+    alias_outputs = program.get("alias_outputs", ())
     dev_consts: list[torch.Tensor] = []
     state = {"eager": None}
 
@@ -412,6 +450,8 @@ def _runner(program: dict, cpu_updates, make_eager):
                 args[k].copy_(v)
         for k in cpu_outputs:
             out[k] = out[k].cpu()
+        for k, i, size, stride, offset in alias_outputs:
+            out[k] = ins[i].as_strided(size, stride, offset)
         args.clear()
         return out
 
