@@ -1,5 +1,7 @@
 // ATen kernels for the tpu device: tensor creation, views, copies, and the
-// generic native kernel that runs any op found in the lowering registry.
+// generic native kernel that runs any op found in the lowering registry
+// (NativeKernel: output metadata comes from meta.cpp, strict mode's replay
+// of repeated ops from plan.cpp, lowerings from ops/*).
 #include <c10/util/strides.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
@@ -433,6 +435,127 @@ static const OpStatic& GetOpStatic(const c10::FunctionSchema& schema) {
   return *slot;
 }
 
+// Memory overlap, as CPU's TensorIterator checks it: a written argument
+// must not alias itself (expanded views) nor partly overlap an input.
+static void CheckOverlap(const OpStatic& info, const std::vector<c10::IValue>& args,
+                         const std::vector<at::Tensor>& flat_inputs, const std::vector<at::Tensor>& outs) {
+  std::vector<const at::Tensor*> inputs;
+  for (auto& a : args) {
+    if (a.isTensor() && a.toTensor().defined() && IsTpu(a.toTensor())) inputs.push_back(&a.toTensor());
+  }
+  bool check_internal = !info.fill;
+  bool check_partial = !info.matmul;
+  for (const at::Tensor& real : outs) {
+    bool is_input = false;
+    for (const at::Tensor& fi : flat_inputs)
+      if (fi.unsafeGetTensorImpl() == real.unsafeGetTensorImpl()) is_input = true;
+    if (!is_input || !real.defined() || real.numel() == 0) continue;
+    if (check_internal) at::assert_no_internal_overlap(real);
+    if (!check_partial) continue;
+    for (const at::Tensor* in : inputs)
+      if (in->unsafeGetTensorImpl() != real.unsafeGetTensorImpl()) at::assert_no_partial_overlap(real, *in);
+  }
+}
+
+// Argument i of an op as its lowering sees it: tpu tensors read from the
+// region, Scalars (and CPU 0-d tensors) as 0-d program arguments (logged in
+// plan), other values as they are. `hint` is the first output's element type.
+static ops::Arg LowerArg(Region& r, PlanRecorder& plan, const std::string& name, const c10::Argument& sa,
+                         const c10::IValue& v, size_t i, ET hint) {
+  ops::Arg a;
+  if (v.isNone()) {
+    a.kind = ops::Arg::None;
+  } else if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) {
+      a.kind = ops::Arg::None;
+    } else if (IsTpu(t)) {
+      a.kind = ops::Arg::Tensor;
+      a.v = r.Read(t);
+    } else {
+      TORCH_CHECK(t.dim() == 0, name, ": expected all tensors on the tpu device, but argument '",
+                  sa.name(), "' is on ", t.device());
+      a.kind = ops::Arg::Scalar;
+      c10::Scalar s = t.item();
+      ET set = ScalarArgType(s, hint);
+      a.v = r.Scalar(s, set);
+      plan.Scalar(a.v, {(int)i, -1, set});
+      a.v = ops::Cast(r.b(), a.v, ToET(t.scalar_type()));
+      a.scalar_value = s.isComplex() ? 0.0 : s.toDouble();
+    }
+  } else if (v.isTensorList()) {
+    a.kind = ops::Arg::TensorList;
+    for (const at::Tensor& t : v.toTensorVector()) {
+      TORCH_CHECK(IsTpu(t), name, ": expected all tensors of '", sa.name(),
+                  "' on the tpu device, got ", t.device());
+      a.vs.push_back(r.Read(t));
+    }
+  } else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
+    a.kind = ops::Arg::OptTensorList;
+    auto l = v.toList();
+    for (size_t k = 0; k < l.size(); ++k) {
+      c10::IValue e = l.get(k);
+      if (e.isNone() || !e.toTensor().defined()) a.ovs.push_back(std::nullopt);
+      else a.ovs.push_back(r.Read(e.toTensor()));
+    }
+  } else if (v.isScalar() && sa.type()->kind() != c10::TypeKind::IntType &&
+             sa.type()->kind() != c10::TypeKind::FloatType &&
+             sa.type()->kind() != c10::TypeKind::BoolType) {
+    c10::Scalar s = v.toScalar();
+    a.kind = ops::Arg::Scalar;
+    ET set = ScalarArgType(s, hint);
+    a.v = r.Scalar(s, set);
+    plan.Scalar(a.v, {(int)i, -1, set});
+    a.scalar_is_float = s.isFloatingPoint();
+    a.scalar_is_int = s.isIntegral(false);
+    a.scalar_is_bool = s.isBoolean();
+    a.scalar_is_complex = s.isComplex();
+    a.scalar_value = s.isComplex() ? 0.0 : s.toDouble();
+  } else if (v.isList() && sa.type()->kind() == c10::TypeKind::ListType &&
+             sa.type()->containedType(0)->kind() == c10::TypeKind::NumberType) {
+    // Scalar[] (e.g. per-tensor learning rates): program arguments, never literals.
+    a.kind = ops::Arg::ScalarList;
+    auto l = v.toList();
+    for (size_t k = 0; k < l.size(); ++k) {
+      c10::Scalar s = l.get(k).toScalar();
+      ET set = ScalarArgType(s, hint);
+      a.vs.push_back(r.Scalar(s, set));
+      plan.Scalar(a.vs.back(), {(int)i, (int)k, set});
+      a.doubles.push_back(s.isComplex() ? 0.0 : s.toDouble());
+    }
+  } else if (v.isInt()) {
+    a.kind = ops::Arg::Int;
+    a.i = v.toInt();
+    if (sa.type()->kind() == c10::TypeKind::ScalarTypeType ||
+        (sa.type()->kind() == c10::TypeKind::OptionalType &&
+         sa.type()->containedType(0)->kind() == c10::TypeKind::ScalarTypeType))
+      a.i = (int64_t)ToET((c10::ScalarType)v.toInt());
+  } else if (v.isDouble()) {
+    a.kind = ops::Arg::Double;
+    a.d = v.toDouble();
+  } else if (v.isBool()) {
+    a.kind = ops::Arg::Bool;
+    a.b = v.toBool();
+  } else if (v.isIntList()) {
+    a.kind = ops::Arg::IntList;
+    a.ints = v.toIntVector();
+  } else if (v.isDoubleList()) {
+    a.kind = ops::Arg::DoubleList;
+    a.doubles = v.toDoubleVector();
+  } else if (v.isBoolList()) {
+    a.kind = ops::Arg::BoolList;
+    for (bool x : v.toBoolList()) a.bools.push_back(x);
+  } else if (v.isString()) {
+    a.kind = ops::Arg::String;
+    a.s = v.toStringRef();
+  } else if (v.isGenerator()) {
+    a.kind = ops::Arg::Other;
+  } else {
+    a.kind = ops::Arg::Other;
+  }
+  return a;
+}
+
 void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const OpStatic& info = GetOpStatic(schema);
@@ -545,26 +668,7 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     }
   }
 
-  // Memory overlap, as CPU's TensorIterator checks it: a written argument
-  // must not alias itself (expanded views) nor partly overlap an input.
-  {
-    std::vector<const at::Tensor*> inputs;
-    for (auto& a : args) {
-      if (a.isTensor() && a.toTensor().defined() && IsTpu(a.toTensor())) inputs.push_back(&a.toTensor());
-    }
-    bool check_internal = !info.fill;
-    bool check_partial = !info.matmul;
-    for (const at::Tensor& real : outs) {
-      bool is_input = false;
-      for (const at::Tensor& fi : flat_inputs)
-        if (fi.unsafeGetTensorImpl() == real.unsafeGetTensorImpl()) is_input = true;
-      if (!is_input || !real.defined() || real.numel() == 0) continue;
-      if (check_internal) at::assert_no_internal_overlap(real);
-      if (!check_partial) continue;
-      for (const at::Tensor* in : inputs)
-        if (in->unsafeGetTensorImpl() != real.unsafeGetTensorImpl()) at::assert_no_partial_overlap(real, *in);
-    }
-  }
+  CheckOverlap(info, args, flat_inputs, outs);
 
   // 2. Lower into the current region.
   std::lock_guard<std::recursive_mutex> g(Region::Lock());
@@ -574,102 +678,8 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   ops::LowerCtx c{r.b(), name, {}, info.arg_names, {}, {}};
   c.args.reserve(nargs);
   try {
-    for (size_t i = 0; i < nargs; ++i) {
-      const c10::IValue& v = args[i];
-      const c10::Argument& sa = schema.arguments()[i];
-      ops::Arg a;
-      if (v.isNone()) {
-        a.kind = ops::Arg::None;
-      } else if (v.isTensor()) {
-        const at::Tensor& t = v.toTensor();
-        if (!t.defined()) {
-          a.kind = ops::Arg::None;
-        } else if (IsTpu(t)) {
-          a.kind = ops::Arg::Tensor;
-          a.v = r.Read(t);
-        } else {
-          TORCH_CHECK(t.dim() == 0, name, ": expected all tensors on the tpu device, but argument '",
-                      sa.name(), "' is on ", t.device());
-          a.kind = ops::Arg::Scalar;
-          c10::Scalar s = t.item();
-          ET set = ScalarArgType(s, hint);
-          a.v = r.Scalar(s, set);
-          plan.Scalar(a.v, {(int)i, -1, set});
-          a.v = ops::Cast(r.b(), a.v, ToET(t.scalar_type()));
-          a.scalar_value = s.isComplex() ? 0.0 : s.toDouble();
-        }
-      } else if (v.isTensorList()) {
-        a.kind = ops::Arg::TensorList;
-        for (const at::Tensor& t : v.toTensorVector()) {
-          TORCH_CHECK(IsTpu(t), name, ": expected all tensors of '", sa.name(),
-                      "' on the tpu device, got ", t.device());
-          a.vs.push_back(r.Read(t));
-        }
-      } else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
-        a.kind = ops::Arg::OptTensorList;
-        auto l = v.toList();
-        for (size_t k = 0; k < l.size(); ++k) {
-          c10::IValue e = l.get(k);
-          if (e.isNone() || !e.toTensor().defined()) a.ovs.push_back(std::nullopt);
-          else a.ovs.push_back(r.Read(e.toTensor()));
-        }
-      } else if (v.isScalar() && sa.type()->kind() != c10::TypeKind::IntType &&
-                 sa.type()->kind() != c10::TypeKind::FloatType &&
-                 sa.type()->kind() != c10::TypeKind::BoolType) {
-        c10::Scalar s = v.toScalar();
-        a.kind = ops::Arg::Scalar;
-        ET set = ScalarArgType(s, hint);
-        a.v = r.Scalar(s, set);
-        plan.Scalar(a.v, {(int)i, -1, set});
-        a.scalar_is_float = s.isFloatingPoint();
-        a.scalar_is_int = s.isIntegral(false);
-        a.scalar_is_bool = s.isBoolean();
-        a.scalar_is_complex = s.isComplex();
-        a.scalar_value = s.isComplex() ? 0.0 : s.toDouble();
-      } else if (v.isList() && sa.type()->kind() == c10::TypeKind::ListType &&
-                 sa.type()->containedType(0)->kind() == c10::TypeKind::NumberType) {
-        // Scalar[] (e.g. per-tensor learning rates): program arguments, never literals.
-        a.kind = ops::Arg::ScalarList;
-        auto l = v.toList();
-        for (size_t k = 0; k < l.size(); ++k) {
-          c10::Scalar s = l.get(k).toScalar();
-          ET set = ScalarArgType(s, hint);
-          a.vs.push_back(r.Scalar(s, set));
-          plan.Scalar(a.vs.back(), {(int)i, (int)k, set});
-          a.doubles.push_back(s.isComplex() ? 0.0 : s.toDouble());
-        }
-      } else if (v.isInt()) {
-        a.kind = ops::Arg::Int;
-        a.i = v.toInt();
-        if (sa.type()->kind() == c10::TypeKind::ScalarTypeType ||
-            (sa.type()->kind() == c10::TypeKind::OptionalType &&
-             sa.type()->containedType(0)->kind() == c10::TypeKind::ScalarTypeType))
-          a.i = (int64_t)ToET((c10::ScalarType)v.toInt());
-      } else if (v.isDouble()) {
-        a.kind = ops::Arg::Double;
-        a.d = v.toDouble();
-      } else if (v.isBool()) {
-        a.kind = ops::Arg::Bool;
-        a.b = v.toBool();
-      } else if (v.isIntList()) {
-        a.kind = ops::Arg::IntList;
-        a.ints = v.toIntVector();
-      } else if (v.isDoubleList()) {
-        a.kind = ops::Arg::DoubleList;
-        a.doubles = v.toDoubleVector();
-      } else if (v.isBoolList()) {
-        a.kind = ops::Arg::BoolList;
-        for (bool x : v.toBoolList()) a.bools.push_back(x);
-      } else if (v.isString()) {
-        a.kind = ops::Arg::String;
-        a.s = v.toStringRef();
-      } else if (v.isGenerator()) {
-        a.kind = ops::Arg::Other;
-      } else {
-        a.kind = ops::Arg::Other;
-      }
-      c.args.push_back(std::move(a));
-    }
+    for (size_t i = 0; i < nargs; ++i)
+      c.args.push_back(LowerArg(r, plan, name, schema.arguments()[i], args[i], i, hint));
     for (auto& t : outs) c.outs.push_back(Type(ToET(t.scalar_type()), hlo::Dims(t.sizes().begin(), t.sizes().end())));
     c.host_scalar = [&r, &plan](double d, ET et) {
       Value v = r.Scalar(c10::Scalar(d), et);
