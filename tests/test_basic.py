@@ -1,4 +1,5 @@
 """The issue's snippet, end to end, and the introspection API."""
+import pytest
 import torch
 
 import torchtpu
@@ -47,3 +48,26 @@ def test_scalar_change_does_not_recompile(metrics):
     for lr in (0.1, 0.01, 1e-3, 3.5):
         torch.testing.assert_close((a * lr).cpu(), a.cpu() * lr)
     assert metrics()["compiles"] == before
+
+
+def test_cpu_index_tensors_move_to_the_device_as_on_cuda():
+    c = torch.arange(12.0).reshape(3, 4)
+    t = c.to("tpu")
+    i, j = torch.tensor([0, 2]), torch.tensor([1, 3])
+    assert torch.equal(t[i].cpu(), c[i])
+    assert torch.equal(t[i, j].cpu(), c[i, j])
+    assert torch.equal(t[:, j].cpu(), c[:, j])
+    m = torch.tensor([True, False, True])
+    assert torch.equal(t[m].cpu(), c[m])
+    t[i, j] = 7.0
+    c[i, j] = 7.0
+    t[m] += 1
+    c[m] += 1
+    assert torch.equal(t.cpu(), c)
+
+
+def test_cpu_tensor_among_tpu_tensors_names_the_devices():
+    with pytest.raises(RuntimeError, match=r"found at least two devices, tpu:0 and cpu.*argument 'other'"):
+        torch.ones(3, device="tpu") + torch.ones(3)
+    # a CPU 0-d tensor is a number, as on CUDA
+    assert torch.equal((torch.ones(3, device="tpu") + torch.tensor(2.0)).cpu(), torch.full((3,), 3.0))

@@ -245,3 +245,16 @@ def test_plans_off_by_env(pyrun):
               env={"TORCHTPU_OP_PLANS": "0"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[0] == "0"
+
+
+def test_a_failed_copy_leaves_nothing_recorded(metrics):
+    t = torch.zeros(3, device=DEV)
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        t.copy_(torch.zeros(2, 3, device=DEV))
+    x = torch.randn(33, device=DEV)
+    torchtpu.reset_metrics()
+    for _ in range(3):
+        y = x * 3
+    replays, recorded, _ = _counts()
+    assert (replays, recorded) == (2, 1)
+    assert torch.equal(y.cpu(), x.cpu() * 3)

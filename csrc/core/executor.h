@@ -95,6 +95,8 @@ class Region {
     }
   }
   bool empty() const { return ops_ == 0 && extra_.empty(); }
+  // Nothing recorded at all, not even an argument (op plans start only then).
+  bool pristine() const { return empty() && args_.empty() && slots_.empty(); }
   // Strict mode's host tier (see NativeKernel): the next flush may skip a
   // program compiled never before and seen for the first time; TookHostTier()
   // then says the op must run on the host instead.

@@ -4,6 +4,7 @@
 // of repeated ops from plan.cpp, lowerings from ops/*).
 #include <c10/util/strides.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/CPUFallback.h>
@@ -196,6 +197,12 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   // overlaps the destination.
   at::assert_no_internal_overlap(dst);
   if (IsTpu(self)) at::assert_no_partial_overlap(dst, self);
+  // Checked before anything is recorded: a failed copy must leave the region as it was.
+  if (!self.sizes().equals(dst.sizes())) {
+    std::vector<int64_t> b = at::infer_size(dst.sizes(), self.sizes());  // CPU's message for mismatches
+    TORCH_CHECK(c10::IntArrayRef(b).equals(dst.sizes()), "output with shape ", dst.sizes(),
+                " doesn't match the broadcast shape ", c10::IntArrayRef(b));
+  }
   std::lock_guard<std::recursive_mutex> g(Region::Lock());
   Region& r = Region::Current();
   r.BeginOp();
@@ -294,6 +301,24 @@ void ExpandMaskIndices(const std::string& name, std::vector<c10::IValue>& args) 
   if (!is_index && !is_put) return;
   if (args.size() < 2 || !args[1].isList()) return;
   auto l = args[1].toList();
+  // CPU index tensors (x[torch.tensor([0, 2])] on a tpu x) move to the
+  // device, as CUDA's indexing kernels move them.
+  bool on_cpu = false;
+  for (size_t k = 0; k < l.size(); ++k) {
+    c10::IValue e = l.get(k);
+    if (e.isTensor() && e.toTensor().defined() && !IsTpu(e.toTensor())) on_cpu = true;
+  }
+  if (on_cpu) {
+    c10::List<std::optional<at::Tensor>> moved;
+    for (size_t k = 0; k < l.size(); ++k) {
+      c10::IValue e = l.get(k);
+      if (!e.isTensor() || !e.toTensor().defined()) moved.push_back(std::nullopt);
+      else if (IsTpu(e.toTensor())) moved.push_back(e.toTensor());
+      else moved.push_back(e.toTensor().to(args[0].toTensor().device()));
+    }
+    args[1] = c10::IValue(moved);
+    l = args[1].toList();
+  }
   bool any = false;
   for (size_t k = 0; k < l.size(); ++k) {
     c10::IValue e = l.get(k);
@@ -566,6 +591,17 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   std::vector<c10::IValue> args(stack->end() - nargs, stack->end());
   ExpandMaskIndices(name, args);
 
+  // A CPU tensor (other than a 0-d one, used as a number) among tpu tensors
+  // raises as CPU/CUDA do, naming the devices (not the meta device the
+  // output-metadata computation would name).
+  for (size_t i = 0; i < nargs; ++i) {
+    if (!args[i].isTensor()) continue;
+    const at::Tensor& t = args[i].toTensor();
+    TORCH_CHECK(!t.defined() || IsTpu(t) || t.dim() == 0,
+                "Expected all tensors to be on the same device, but found at least two devices, tpu:0 and ",
+                t.device(), "! (", name, ", argument '", schema.arguments()[i].name(), "')");
+  }
+
   // Strict mode's host tier: an op on values already on the host stays
   // there, before any meta computation or output allocation.
   const bool host_tier = GetMode() == Mode::Strict && HostTierEligible(name, args);
@@ -591,7 +627,7 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   std::string plan_key;
   if (mode == Mode::Strict && PlansEnabled()) {
     std::lock_guard<std::recursive_mutex> g(Region::Lock());
-    if (Region::Current().empty()) {
+    if (Region::Current().pristine()) {
       plan_key = key;
       PlanKey(flat_inputs, plan_key);
       if (ReplayPlan(plan_key, schema, name, args, flat_inputs, stack)) return;
