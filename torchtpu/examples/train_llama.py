@@ -337,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch", type=int, default=8, help="global batch (sequences per step, all dp ranks)")
     ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=8e-4)
+    ap.add_argument("--lr", type=float, default=3e-3, help="peak lr (torchtitan's debugmodel: 8e-4)")
     ap.add_argument("--min-lr-ratio", type=float, default=0.1, help="cosine decays to lr * this")
     ap.add_argument("--warmup", type=int, default=2, help="linear warmup steps")
     ap.add_argument("--weight-decay", type=float, default=0.1)
