@@ -37,6 +37,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -272,6 +273,7 @@ def main():
                                        plan_replays=t["split"]["plan_replays"],
                                        python_meta_ops=sum(t["split"]["python_meta_ops"].values()),
                                        cpu_fallbacks=t["split"]["cpu_fallbacks"])
+    shutil.rmtree(cache, ignore_errors=True)
     digests = {p: {n: v["digest"] for n, v in r["models"].items()} for p, r in res["runs"].items()}
     res["digests_agree_cold_warm"] = digests["cold"] == digests["warm"]
     report(res, args.json)
