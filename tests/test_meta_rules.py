@@ -32,6 +32,20 @@ def _battery(dev):
            torch.gather(a, 1, torch.zeros(4, 2, dtype=torch.long, device=dev)), a.topk(2, 1).values,
            torch.empty(3, 3, device=dev).normal_().shape, torch.empty(5, device=dev).uniform_().shape,
            torch.empty(2, 2, device=dev).fill_(3.0), torch.ones(2, device=dev).zero_()]
+    aten = torch.ops.aten
+    lng = torch.tensor([[0, 2], [3, 1]], device=dev)
+    out += [aten.mul.Scalar(a, 2.5), aten.mul.Scalar(i, 2), aten.mul.Scalar(i, 1.5), aten.mul.Scalar(h, 3),
+            aten.mul.Scalar(c, True), aten.div.Scalar(i, 2), aten.div.Scalar(c, 4.0), aten.add.Scalar(i, 1.5, 2),
+            aten.add.Scalar(c, 1), aten.sub.Scalar(h, 0.5), aten.rsub.Scalar(i, 3), aten.rsub.Scalar(c, 1.0, 2),
+            torch.cat([a, c]), torch.cat([a, c], 1), torch.cat([i, a]), torch.cat([h, i], -1),
+            torch.cat([a.t(), c.t()]), torch.cat([a[None], a[None]]), torch.cat([torch.empty(0, device=dev), a]),
+            a[lng], a[:, lng[0]], a[lng[0], lng[1]], c[lng[:, :1], lng[0]], i[None, lng[0]],
+            torch.isin(i, lng), torch.isin(lng, i, invert=True), (a > 0).any(), a.any(1), (i > 3).any(0, True),
+            a.any((0, 1)), (a > 0).all(), i.all(-1), (a > 0).all((1,), keepdim=True),
+            torch.scatter(a, 1, lng, c[:2, :2]), torch.scatter(a, 0, lng, 1.5), torch.scatter(i, 1, lng, 7)]
+    y = a.clone()
+    y.scatter_(1, lng, c[:2, :2]).scatter_(0, lng, -2.0)
+    out.append(y)
     x = a.clone()
     x.add_(b).mul_(2).sub_(c, alpha=0.5).div_(3)
     out.append(x)
@@ -62,6 +76,25 @@ def test_strict_mode_uses_cpp_rules(metrics):
     m = metrics()
     assert m["cpp_meta_rules"] >= 4
     assert not any(k in m["python_meta_ops"] for k in ("aten::mul.Tensor", "aten::add.Tensor", "aten::sum.dim_IntList"))
+
+
+def test_strict_mode_uses_cpp_rules_for_joins_indexing_and_scalar_ops(metrics):
+    # ops transformers' models run on every new shape (KV-cache cat, rotary and
+    # attention scales, masks, token lookups)
+    torchtpu._C._set_op_plans(True)
+    aten = torch.ops.aten
+    with torchtpu.mode("strict"):
+        a = torch.randn(3, 5, 11, device=DEV)
+        idx = torch.tensor([2, 0], device=DEV)
+        outs = [torch.cat([a, a], -1), a[idx], aten.mul.Scalar(a, 0.5), aten.add.Scalar(a, 1.0, 1),
+                aten.div.Scalar(a, 3.0), aten.rsub.Scalar(a, 1.0, 1), (a > 0).any(), (a > 0).all(-1),
+                torch.isin(idx, idx), torch.scatter(a, 0, idx[:, None, None].expand(2, 5, 11), a[:2])]
+        for o in outs:
+            o.cpu()
+    m = metrics()
+    used = {"aten::cat", "aten::index.Tensor", "aten::mul.Scalar", "aten::add.Scalar", "aten::div.Scalar",
+            "aten::rsub.Scalar", "aten::any", "aten::all.dim", "aten::isin.Tensor_Tensor", "aten::scatter.src"}
+    assert not used & set(m["python_meta_ops"]), m["python_meta_ops"]
 
 
 @pytest.mark.parametrize("case", ["broadcast", "inplace_broadcast", "inplace_cast", "mm", "bitwise_float"])

@@ -2,6 +2,7 @@
 #include "meta.h"
 
 #include <ATen/MetaFunctions.h>
+#include <ATen/ScalarOps.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/strides.h>
@@ -419,6 +420,33 @@ void AbsRule(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack*
   s->push_back(std::move(out));
 }
 
+// add/sub/mul/div/rsub with a Scalar operand (no C++ meta function of their
+// own): PyTorch's kernels for these overloads call the Tensor overload with
+// the scalar as a wrapped-number 0-d tensor (wrapped_scalar_tensor), so the
+// Tensor overload's meta function on the same wrapped scalar gives CPU's
+// output sizes, strides and dtype (type promotion included).
+template <at::Tensor (*F)(T, T)>
+void ScalarBinaryRule(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* s) {
+  at::Tensor self = (*s)[0].toTensor();
+  at::Tensor other = at::native::wrapped_scalar_tensor((*s)[1].toScalar());
+  at::Tensor out = F(self, other);
+  s->clear();
+  s->push_back(std::move(out));
+}
+template <at::Tensor (*F)(T, T, S), bool Reverse>
+void ScalarAlphaRule(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* s) {
+  at::Tensor self = (*s)[0].toTensor();
+  at::Tensor other = at::native::wrapped_scalar_tensor((*s)[1].toScalar());
+  c10::Scalar alpha = (*s)[2].toScalar();
+  at::Tensor out = Reverse ? F(other, self, alpha) : F(self, other, alpha);
+  s->clear();
+  s->push_back(std::move(out));
+}
+at::Tensor MetaMul(T a, T b) { return at::meta::mul(a, b); }
+at::Tensor MetaDiv(T a, T b) { return at::meta::div(a, b); }
+at::Tensor MetaAdd(T a, T b, S alpha) { return at::meta::add(a, b, alpha); }
+at::Tensor MetaSub(T a, T b, S alpha) { return at::meta::sub(a, b, alpha); }
+
 const std::unordered_map<std::string, c10::KernelFunction>& CppRules() {
   static const auto* rules = new std::unordered_map<std::string, c10::KernelFunction>{
       // binary elementwise
@@ -430,6 +458,11 @@ const std::unordered_map<std::string, c10::KernelFunction>& CppRules() {
       {"aten::minimum", Fn<at::Tensor(T, T), &at::meta::minimum>()},
       {"aten::pow.Tensor_Tensor", Fn<at::Tensor(T, T), &at::meta::pow>()},
       {"aten::pow.Tensor_Scalar", Fn<at::Tensor(T, S), &at::meta::pow>()},
+      {"aten::add.Scalar", c10::KernelFunction::makeFromBoxedFunction<&ScalarAlphaRule<&MetaAdd, false>>()},
+      {"aten::sub.Scalar", c10::KernelFunction::makeFromBoxedFunction<&ScalarAlphaRule<&MetaSub, false>>()},
+      {"aten::rsub.Scalar", c10::KernelFunction::makeFromBoxedFunction<&ScalarAlphaRule<&MetaSub, true>>()},
+      {"aten::mul.Scalar", c10::KernelFunction::makeFromBoxedFunction<&ScalarBinaryRule<&MetaMul>>()},
+      {"aten::div.Scalar", c10::KernelFunction::makeFromBoxedFunction<&ScalarBinaryRule<&MetaDiv>>()},
       {"aten::eq.Tensor", Fn<at::Tensor(T, T), &at::meta::eq>()},
       {"aten::ne.Tensor", Fn<at::Tensor(T, T), &at::meta::ne>()},
       {"aten::lt.Tensor", Fn<at::Tensor(T, T), &at::meta::lt>()},
@@ -491,6 +524,21 @@ const std::unordered_map<std::string, c10::KernelFunction>& CppRules() {
       {"aten::nll_loss_forward", Fn<Pair(T, T, OptT, int64_t, int64_t), &at::meta::nll_loss_forward>()},
       {"aten::nll_loss_backward",
        Fn<at::Tensor(T, T, T, OptT, int64_t, int64_t, T), &at::meta::nll_loss_backward>()},
+      {"aten::any", Fn<at::Tensor(T), &at::meta::any>()},
+      {"aten::any.dim", Fn<at::Tensor(T, int64_t, bool), &at::meta::any>()},
+      {"aten::any.dims", Fn<at::Tensor(T, OptDims, bool), &at::meta::any>()},
+      {"aten::all", Fn<at::Tensor(T), &at::meta::all>()},
+      {"aten::all.dim", Fn<at::Tensor(T, int64_t, bool), &at::meta::all>()},
+      {"aten::all.dims", Fn<at::Tensor(T, OptDims, bool), &at::meta::all>()},
+      {"aten::isin.Tensor_Tensor", Fn<at::Tensor(T, T, bool, bool), &at::meta::isin>()},
+      // indexing and joining
+      {"aten::cat", Fn<at::Tensor(const at::ITensorListRef&, int64_t), &at::meta::cat>()},
+      {"aten::index.Tensor",
+       Fn<at::Tensor(T, const c10::List<std::optional<at::Tensor>>&), &at::meta::index>()},
+      {"aten::scatter.src", Fn<at::Tensor(T, int64_t, T, T), &at::meta::scatter>()},
+      {"aten::scatter.value", Fn<at::Tensor(T, int64_t, T, S), &at::meta::scatter>()},
+      {"aten::scatter_.src", Fn<at::Tensor&(at::Tensor&, int64_t, T, T), &at::meta::scatter_>()},
+      {"aten::scatter_.value", Fn<at::Tensor&(at::Tensor&, int64_t, T, S), &at::meta::scatter_>()},
       {"aten::gather", Fn<at::Tensor(T, int64_t, T, bool), &at::meta::gather>()},
       {"aten::topk", Fn<Pair(T, int64_t, int64_t, bool, bool), &at::meta::topk>()},
       {"aten::bitwise_and.Tensor", Fn<at::Tensor(T, T), &at::meta::bitwise_and>()},
@@ -530,6 +578,16 @@ const c10::KernelFunction* CppRule(const std::string& name, const std::vector<c1
     if (t.is_complex() || !t.is_non_overlapping_and_dense()) return nullptr;
   }
   if ((name == "aten::max" || name == "aten::min") && args[0].toTensor().numel() == 0) return nullptr;
+  if (name == "aten::index.Tensor") {
+    // integer indices only (boolean masks become nonzero() indices before this,
+    // ExpandMaskIndices; a mask left here takes PyTorch's meta kernel)
+    auto l = args[1].toList();
+    for (size_t k = 0; k < l.size(); ++k) {
+      c10::IValue e = l.get(k);
+      if (e.isTensor() && e.toTensor().defined() && !at::isIntegralType(e.toTensor().scalar_type(), false))
+        return nullptr;
+    }
+  }
   return &it->second;
 }
 
