@@ -557,3 +557,16 @@ def test_defer_training_loop_one_program_per_step(metrics):
     torch.testing.assert_close(synced + pipelined, _cpu_losses(ref, xs), rtol=1e-4, atol=1e-5)
     for a, b in zip(ref.parameters(), model.parameters()):
         torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=1e-5)
+
+
+def test_defer_error_keeps_the_regions_earlier_writes():
+    # an op failing while it lowers must not drop the ops recorded before it
+    with torchtpu.mode("defer_and_fuse"):
+        x = torch.zeros(3, device="tpu")
+        x.add_(1)
+        y = x * 2
+        with pytest.raises(RuntimeError, match="not implemented for 'Float'"):
+            torch.ones(3, device="tpu") & torch.ones(3, device="tpu")
+        x.mul_(3)
+        assert torch.equal(x.cpu(), torch.full((3,), 3.0))
+        assert torch.equal(y.cpu(), torch.full((3,), 2.0))

@@ -198,6 +198,16 @@ void Region::Abandon() {
   Reset();
 }
 
+void Region::Recover(bool op_was_writing) {
+  if (ops_ > 0 && !op_was_writing) {
+    // The failed op wrote nothing: what it emitted is dead code, its reads
+    // unused arguments; the earlier ops' writes are the program's results.
+    Flush(false, "error_recovery");
+    return;
+  }
+  Abandon();
+}
+
 Value Region::NewBufferArg(const pjrt::BufferPtr& buf, const Type& t) {
   Value v = b_->Arg(t);
   args_.push_back(buf);

@@ -106,6 +106,10 @@ class Region {
   void CountOp() { ops_++; }
   // Discards the recording (after an error while lowering).
   void Abandon();
+  // After an error while lowering one op: the region's earlier ops (a
+  // defer_and_fuse region) still run, flushed now, unless the failed op had
+  // begun writing its outputs; the failed op's partial recording is dropped.
+  void Recover(bool op_was_writing);
 
   // Where each argument and result of a flushed program came from, so that a
   // caller that lowers the same structure again and again (a compiled graph)

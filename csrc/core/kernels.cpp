@@ -712,6 +712,7 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   r.BeginOp();
   ET hint = outs.empty() ? ET::F32 : ToET(outs[0].scalar_type());
   ops::LowerCtx c{r.b(), name, {}, info.arg_names, {}, {}};
+  bool writing = false;  // the op began writing its outputs into the region
   c.args.reserve(nargs);
   try {
     for (size_t i = 0; i < nargs; ++i)
@@ -741,19 +742,20 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     TORCH_CHECK(vals.size() == outs.size(), "torchtpu: lowering of ", name, " returned ", vals.size(),
                 " values for ", outs.size(), " outputs");
     if (debug) DebugValidateOutputs(name, *mr, outs, n_returned, vals);
+    writing = true;
     for (size_t i = 0; i < outs.size(); ++i) {
       if (!vals[i].valid()) continue;  // a written argument the lowering left unchanged
       Value v = ops::Cast(r.b(), vals[i], ToET(outs[i].scalar_type()));
       r.Write(outs[i], v);
     }
   } catch (const ops::LowerError& e) {
-    r.Abandon();
+    r.Recover(writing);
     TORCH_CHECK(false, e.what());
   } catch (const pjrt::Error& e) {
-    r.Abandon();
+    r.Recover(writing);
     TORCH_CHECK(false, "torchtpu: ", name, ": ", e.what());
   } catch (...) {
-    r.Abandon();
+    r.Recover(writing);
     throw;
   }
   if (host_tier) r.AllowHostTier();
