@@ -615,6 +615,23 @@ std::vector<pjrt::BufferPtr> Region::Launch(pjrt::Executable& exe, const std::ve
   return outs;
 }
 
+void AppendStorageKey(std::string& key, const at::Tensor& t, const StatePtr& st, const StatePtr* earlier,
+                      size_t n_earlier) {
+  auto put = [&key](int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(t.storage_offset());
+  put(st->nbytes);
+  put(st->buf ? (int64_t)st->et : -1);
+  put(st->buf ? st->numel : -1);
+  put(st->buf && st->buf.use_count() == 1);
+  int64_t same = -1;
+  for (size_t j = 0; j < n_earlier; ++j)
+    if (earlier[j] && (earlier[j] == st || (st->buf && earlier[j]->buf == st->buf))) {
+      same = (int64_t)j;
+      break;
+    }
+  put(same);
+}
+
 constexpr int64_t kMirrorBytes = 256 << 10;
 
 const std::string* HostMirror(const StorageState& st) {

@@ -211,6 +211,15 @@ int64_t DeferThreshold();
 // (0: no parts; initially TORCHTPU_DEFER_CHUNK_OPS, else 48); returns the old value.
 int64_t SetDeferChunkOps(int64_t n);
 
+// What an input's storage contributes to the structure of a program that
+// reads t (a compiled graph's or a replayed op's): the view offset, the
+// storage's byte size, its buffer's element type and length, whether the
+// buffer may be donated (only the storage holds it), and which of the
+// `n_earlier` earlier inputs shares its storage or buffer (those share one
+// program argument; null entries are not tensors). Appended to key.
+void AppendStorageKey(std::string& key, const at::Tensor& t, const StatePtr& st, const StatePtr* earlier,
+                      size_t n_earlier);
+
 // Materialized contiguous copy of a tpu tensor into host memory `dst`.
 void ReadToHost(const at::Tensor& src, void* dst);
 

@@ -232,18 +232,7 @@ std::string SignatureKey(const Graph& g, const std::vector<py::object>& inputs, 
       PutI(k, t.size(d));
       PutI(k, t.stride(d));
     }
-    PutI(k, t.storage_offset());
-    PutI(k, st->nbytes);
-    PutI(k, st->buf ? (int64_t)st->et : -1);
-    PutI(k, st->buf ? st->numel : -1);
-    PutI(k, st->buf && st->buf.use_count() == 1);
-    int64_t same = -1;
-    for (size_t j = 0; j < i; ++j)
-      if (states[j] && (states[j] == st || (st->buf && states[j]->buf == st->buf))) {
-        same = (int64_t)j;
-        break;
-      }
-    PutI(k, same);
+    AppendStorageKey(k, t, st, states.data(), i);
   }
   return k;
 }

@@ -46,8 +46,6 @@ std::unordered_map<std::string, std::vector<std::shared_ptr<OpPlan>>> g_plans;
 constexpr size_t kMaxPlanKeys = 16384;
 constexpr size_t kMaxVariants = 4;
 
-void Put(std::string& k, int64_t x) { k.append(reinterpret_cast<const char*>(&x), sizeof(x)); }
-
 c10::Scalar SourceValue(const ScalarSource& s, const std::vector<c10::IValue>& args) {
   const c10::IValue& v = args[s.arg];
   if (s.elem >= 0) return v.toList().get(s.elem).toScalar();
@@ -95,20 +93,11 @@ bool Matches(const OpPlan& p, const std::vector<c10::IValue>& args) {
 
 void PlanKey(const std::vector<at::Tensor>& flat_inputs, std::string& key) {
   key += "|plan";
-  std::vector<const StorageState*> seen;
+  std::vector<StatePtr> states;
+  states.reserve(flat_inputs.size());
   for (const at::Tensor& t : flat_inputs) {
-    StatePtr st = GetState(t.storage().unsafeGetStorageImpl());
-    Put(key, t.storage_offset());
-    Put(key, st->nbytes);
-    Put(key, st->buf ? (int64_t)st->et : -1);
-    Put(key, st->buf ? st->numel : -1);
-    // a buffer only its storage holds may be donated to the program
-    key += st->buf && st->buf.use_count() == 1 ? 'd' : 'k';
-    int64_t same = -1;
-    for (size_t j = 0; j < seen.size(); ++j)
-      if (seen[j] == st.get()) same = (int64_t)j;
-    Put(key, same);
-    seen.push_back(st.get());
+    states.push_back(GetState(t.storage().unsafeGetStorageImpl()));
+    AppendStorageKey(key, t, states.back(), states.data(), states.size() - 1);
   }
 }
 
