@@ -113,3 +113,52 @@ m = torchtpu.metrics(); print(m["compiles"], sum(m["host_tier_ops"].values()))
     torchtpu.reset_metrics()
     big.abs().sum()
     assert "aten::abs" not in torchtpu.metrics()["host_tier_ops"]
+
+
+def test_large_and_repeated_prints_read_only_what_they_show(pyrun):
+    # Printing a large device-computed tensor reads the pages its printed
+    # slices lie in (one small transfer each, kept as partial host copies),
+    # compiles nothing, and printing it again reads nothing more.
+    code = """
+import re, torch, torchtpu
+norm = lambda s: re.sub(r"\\s+", "", s).replace(",device='tpu:0'", "")
+for shape in [(2048, 4096), (3, 200, 300), (5, 7, 9000)]:
+    t = torch.randn(shape, device="tpu") * 3 + 1
+    want = norm(repr(t.cpu()))
+    torch.tpu.synchronize()
+    for k in range(4):
+        torchtpu.reset_metrics()
+        s = repr(t)
+        m = torchtpu.metrics()
+        assert norm(s) == want, (s, want)
+        print(shape, k, m["compiles"], m["bytes_device_to_host"], t.numel() * 4)
+"""
+    r = pyrun(code, env={"TORCHTPU_CACHE_DIR": "", "TORCHTPU_HOST_TIER": None})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 12, r.stdout
+    for line in lines:
+        k, compiles, d2h, nbytes = map(int, line.split(")")[1].split())
+        assert compiles == 0, line
+        assert d2h <= (256 << 10) and d2h < nbytes / 4, line
+        if k > 0:
+            assert d2h == 0, line
+
+
+def test_view_reads_wait_for_pending_programs_and_follow_writes(host_tier):
+    # Reads of slices of a large storage (partial host copies) see the value
+    # of the program still running, and every later write.
+    a = torch.randn(700, 700)
+    x = a.to("tpu")
+    y = x @ x  # still running when its slices are read
+    want = a @ a
+    assert torch.allclose(y[5, :7].cpu(), want[5, :7], rtol=1e-4, atol=1e-3)
+    assert torch.allclose(y[-1, -3:].cpu(), want[-1, -3:], rtol=1e-4, atol=1e-3)
+    assert y[5, 3].item() == y[5, :7].cpu()[3].item()
+    y[5].zero_()  # a write through a view rebinds the storage: the host copies are stale
+    assert torch.equal(y[5, :7].cpu(), torch.zeros(7))
+    y.add_(1)
+    assert torch.equal(y[5, :7].cpu(), torch.ones(7))
+    assert torch.allclose(y[-1, -3:].cpu(), want[-1, -3:] + 1, rtol=1e-4, atol=1e-3)
+    z = y[5, :4].double()  # a conversion of a value already on the host
+    assert torch.equal(z.cpu(), torch.ones(4, dtype=torch.float64))

@@ -634,16 +634,64 @@ void AppendStorageKey(std::string& key, const at::Tensor& t, const StatePtr& st,
 
 constexpr int64_t kMirrorBytes = 256 << 10;
 
-const std::string* HostMirror(const StorageState& st) {
-  if (!st.mirror || !st.buf) return nullptr;
+static bool MirrorValid(const StorageState& st) {
+  if (st.mirror.empty() || !st.buf) return false;
   auto of = st.mirror_of.lock();
-  return of && of == st.buf ? st.mirror.get() : nullptr;
+  return of && of == st.buf;
+}
+
+const std::string* HostMirror(const StorageState& st) {
+  if (!MirrorValid(st) || st.mirror[0].lo != 0 || (int64_t)st.mirror[0].bytes->size() != st.nbytes)
+    return nullptr;
+  return st.mirror[0].bytes.get();
+}
+
+const char* HostBytes(const StorageState& st, int64_t lo, int64_t hi) {
+  if (!MirrorValid(st)) return nullptr;
+  for (const auto& m : st.mirror)
+    if (lo >= m.lo && hi <= m.lo + (int64_t)m.bytes->size()) return m.bytes->data() + (lo - m.lo);
+  return nullptr;
 }
 
 void SetHostMirror(StorageState& st, const void* data, int64_t nbytes) {
   if (!st.buf || nbytes != st.nbytes || nbytes > kMirrorBytes) return;
-  st.mirror = std::make_shared<const std::string>(static_cast<const char*>(data), nbytes);
+  st.mirror.assign(1, {0, std::make_shared<const std::string>(static_cast<const char*>(data), nbytes)});
   st.mirror_of = st.buf;
+}
+
+// Keeps bytes [lo, lo + size) of st's current buffer as a host copy, with the
+// most recent others, up to kMirrorRanges ranges and kRangeBytes in all.
+constexpr int64_t kRangeBytes = 1 << 20;
+static void AddHostRange(StorageState& st, int64_t lo, std::shared_ptr<const std::string> bytes) {
+  constexpr size_t kMirrorRanges = 64;
+  if (!MirrorValid(st)) st.mirror.clear();
+  st.mirror.push_back({lo, std::move(bytes)});
+  st.mirror_of = st.buf;
+  int64_t total = 0;
+  for (const auto& m : st.mirror) total += (int64_t)m.bytes->size();
+  size_t drop = 0;
+  while (drop + 1 < st.mirror.size() && (st.mirror.size() - drop > kMirrorRanges || total > kRangeBytes))
+    total -= (int64_t)st.mirror[drop++].bytes->size();
+  st.mirror.erase(st.mirror.begin(), st.mirror.begin() + drop);
+}
+
+void ViewByteRange(const at::Tensor& t, int64_t& lo, int64_t& hi) {
+  const int64_t es = t.element_size();
+  lo = hi = t.storage_offset() * es;
+  if (t.numel() == 0) return;
+  int64_t last = t.storage_offset();
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);  // strides are >= 0
+  hi = (last + 1) * es;
+}
+
+// Whether bytes of a 1-D buffer can be read raw (PJRT_Buffer_CopyRawToHost):
+// plugins whose 1-D arrays are laid out linearly (XLA:CPU, CUDA); TPU tiles them.
+static bool RawReadsLinear() {
+  static const bool ok = [] {
+    const std::string p = Runtime::Get().client().platform_name();
+    return p == "cpu" || p == "cuda" || p == "gpu";
+  }();
+  return ok;
 }
 
 bool& InHostTier() {
@@ -669,25 +717,55 @@ void ReadToHost(const at::Tensor& src, void* dst) {
     // the step's later parts still run).
     r.Flush(false, "host_read");
   }
-  // A small storage the region does not hold, with a host copy (or a view
-  // of one): read from the host copy, or download the storage whole and take
-  // the view on the host, instead of compiling a program per view (tensor
-  // printing reads many slices).
+  // A storage the region does not hold: read from a host copy covering the
+  // view; else download a small storage whole (keeping a host copy), or the
+  // byte range a view of a larger one covers (kept as a partial host copy),
+  // and take the view on the host, instead of compiling a program per view
+  // (tensor printing reads many slices: one transfer, whatever the size).
   constexpr int64_t kHostViewBytes = 8 << 20;
   const bool plain = st->slot < 0 && st->buf && st->et == et && st->numel * hlo::ETBytes(et) == st->nbytes;
-  const std::string* m = plain ? HostMirror(*st) : nullptr;
-  if (plain && (m || (!whole && st->nbytes <= kHostViewBytes))) {
-    at::Tensor host = at::empty({st->numel}, src.options().device(c10::kCPU));
-    if (m) {
-      std::memcpy(host.data_ptr(), m->data(), st->nbytes);
-    } else {
+  if (plain) {
+    int64_t lo, hi;
+    ViewByteRange(src, lo, hi);
+    const int64_t es = src.element_size();
+    auto from = [&](const char* p, int64_t base) {  // p holds the storage's bytes from `base`
+      at::Tensor host = at::from_blob(const_cast<char*>(p), {(st->nbytes - base) / es},
+                                      src.options().device(c10::kCPU));
+      at::from_blob(dst, src.sizes(), src.options().device(c10::kCPU))
+          .copy_(host.as_strided(src.sizes(), src.strides(), src.storage_offset() - base / es));
+    };
+    if (const char* p = HostBytes(*st, lo, hi)) {
+      from(p, lo);
+      return;
+    }
+    if (!whole && st->nbytes <= kMirrorBytes) {
+      at::Tensor host = at::empty({st->numel}, src.options().device(c10::kCPU));
       GetMetrics().d2h_bytes += st->nbytes;
       st->buf->ToHost(host.data_ptr(), st->nbytes);
       SetHostMirror(*st, host.data_ptr(), st->nbytes);
+      from(static_cast<const char*>(host.data_ptr()), 0);
+      return;
     }
-    at::from_blob(dst, src.sizes(), src.options().device(c10::kCPU))
-        .copy_(host.as_strided(src.sizes(), src.strides(), src.storage_offset()));
-    return;
+    if (!whole && hi - lo <= kMirrorBytes && RawReadsLinear()) {
+      // whole 4 KB pages around the view: the neighbouring views and elements
+      // a printout reads next come from the same copy
+      constexpr int64_t kPage = 4096;
+      const int64_t plo = lo / kPage * kPage, phi = std::min(st->nbytes, (hi + kPage - 1) / kPage * kPage);
+      auto bytes = std::make_shared<std::string>(phi - plo, '\0');
+      if (plo % es == 0 && st->buf->RawToHost(bytes->data(), plo, phi - plo)) {
+        GetMetrics().d2h_bytes += phi - plo;
+        from(bytes->data(), plo);
+        AddHostRange(*st, plo, std::move(bytes));
+        return;
+      }
+    }
+    if (!whole && st->nbytes <= kHostViewBytes) {
+      at::Tensor host = at::empty({st->numel}, src.options().device(c10::kCPU));
+      GetMetrics().d2h_bytes += st->nbytes;
+      st->buf->ToHost(host.data_ptr(), st->nbytes);
+      from(static_cast<const char*>(host.data_ptr()), 0);
+      return;
+    }
   }
   if (r.empty() && st->buf && st->et == et && src.storage_offset() == 0 && src.is_contiguous() &&
       st->numel == src.numel()) {

@@ -38,6 +38,11 @@ PJRT_Buffer_Type ToPjrt(hlo::ET t);
 const std::string* HostMirror(const StorageState& st);
 // Keeps a host copy of st's current buffer (small storages only).
 void SetHostMirror(StorageState& st, const void* data, int64_t nbytes);
+// The host copy of bytes [lo, hi) of st's current buffer if a valid host copy
+// (whole or partial) covers them, else nullptr.
+const char* HostBytes(const StorageState& st, int64_t lo, int64_t hi);
+// Bytes [lo, hi) of t's storage that t's elements lie in (lo == hi if empty).
+void ViewByteRange(const at::Tensor& t, int64_t& lo, int64_t& hi);
 // Largest input (elements) an op may have to run in strict mode's host tier:
 // below ATen's parallel grain size, so the CPU kernel runs on this thread
 // (whose float environment HostTierFloatEnv sets).

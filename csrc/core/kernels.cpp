@@ -162,6 +162,16 @@ static uint64_t Signature(const std::string& name, const std::vector<at::Tensor>
   return h;
 }
 
+// Whether a host copy covers tpu tensor t's elements (its storage's current
+// buffer, not pending in a region): reading it costs no transfer.
+static bool OnHost(const at::Tensor& t) {
+  const StorageState& st = *GetState(t.storage().unsafeGetStorageImpl());
+  if (st.slot >= 0) return false;
+  int64_t lo, hi;
+  ViewByteRange(t, lo, hi);
+  return HostBytes(st, lo, hi) != nullptr;
+}
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(self.sizes() == dst.sizes() || self.numel() == dst.numel() || true);
   // packed fp4 pairs are bytes here (ToET): like CPU, no value conversions
@@ -232,6 +242,25 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     return dst;
   }
   // device -> device
+  // Host tier (see HostTierEligible): a small conversion into a whole fresh
+  // storage (`.to(torch.double)`) converts on the host; not float -> integer,
+  // where CPU and XLA differ for NaN and out-of-range values. A value already
+  // on the host stays there, compiling nothing.
+  const bool host_tier = GetMode() == Mode::Strict && HostTierRuns() > 0 && self.scalar_type() != dst.scalar_type() &&
+                         !(at::isFloatingType(self.scalar_type()) && !at::isFloatingType(dst.scalar_type())) &&
+                         !self.is_complex() && !dst.is_complex() && self.numel() <= kHostTierMaxElements &&
+                         dst.storage_offset() == 0 && dst.is_contiguous() &&
+                         dst.numel() * (int64_t)dst.element_size() == (int64_t)dst.storage().nbytes();
+  auto convert_on_host = [&] {
+    GetMetrics().HostTier("aten::_copy_from");
+    at::Tensor host = self.cpu();
+    HostTierScope scope;
+    dst.copy_(host.to(dst.scalar_type()));  // converted on the host, then one upload
+  };
+  if (host_tier && r.pristine() && OnHost(self)) {
+    convert_on_host();
+    return dst;
+  }
   GetMetrics().Native("aten::_copy_from");
   Value v = r.Read(self);
   if (self.is_conj() && hlo::IsComplex(v.et())) {
@@ -245,22 +274,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   hlo::Dims d(dst.sizes().begin(), dst.sizes().end());
   v = r.b().BroadcastTo(v, d);
   r.Write(dst, v);
-  // Host tier (see HostTierEligible): a small conversion into a whole fresh
-  // storage (`.to(torch.double)`) converts on the host; not float -> integer,
-  // where CPU and XLA differ for NaN and out-of-range values.
-  const bool host_tier = GetMode() == Mode::Strict && HostTierRuns() > 0 && self.scalar_type() != dst.scalar_type() &&
-                         !(at::isFloatingType(self.scalar_type()) && !at::isFloatingType(dst.scalar_type())) &&
-                         !self.is_complex() && !dst.is_complex() && self.numel() <= kHostTierMaxElements &&
-                         dst.storage_offset() == 0 && dst.is_contiguous() &&
-                         dst.numel() * (int64_t)dst.element_size() == (int64_t)dst.storage().nbytes();
   if (host_tier) r.AllowHostTier();
   Finish(r, Signature("d2d", {self, dst}));
-  if (host_tier && r.TookHostTier()) {
-    GetMetrics().HostTier("aten::_copy_from");
-    at::Tensor host = self.cpu();
-    HostTierScope scope;
-    dst.copy_(host.to(dst.scalar_type()));  // converted on the host, then one upload
-  }
+  if (host_tier && r.TookHostTier()) convert_on_host();
   return dst;
 }
 
@@ -423,8 +439,7 @@ static bool AllOnHost(const std::vector<c10::IValue>& args) {
   auto on_host = [&](const at::Tensor& t) {
     if (!t.defined() || !IsTpu(t)) return true;
     any = true;
-    const StorageState& st = *GetState(t.storage().unsafeGetStorageImpl());
-    return st.slot < 0 && HostMirror(st) != nullptr;
+    return OnHost(t);
   };
   return EveryTensorArg(args, on_host) && any;
 }

@@ -21,10 +21,16 @@ struct StorageState {
   // Position in the current recording region (see executor.h).
   uint64_t region_epoch = 0;
   int slot = -1;
-  // A host copy of buf's bytes, for small storages read to the host or
-  // written by strict mode's host tier; valid while mirror_of is still buf
-  // (buffers are immutable: any write rebinds buf). See HostMirror().
-  std::shared_ptr<const std::string> mirror;
+  // Host copies of byte ranges of buf: the whole of a small storage read to
+  // the host or written by strict mode's host tier, or the ranges views of a
+  // larger one covered when they were read; valid while mirror_of is still
+  // buf (buffers are immutable: any write rebinds buf). See HostMirror() and
+  // HostBytes().
+  struct HostRange {
+    int64_t lo;
+    std::shared_ptr<const std::string> bytes;
+  };
+  std::vector<HostRange> mirror;
   std::weak_ptr<pjrt::Buffer> mirror_of;
 };
 using StatePtr = std::shared_ptr<StorageState>;

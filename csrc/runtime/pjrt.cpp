@@ -250,6 +250,24 @@ void Buffer::ToHost(void* dst, size_t size) const {
   ev.Await();
 }
 
+bool Buffer::RawToHost(void* dst, int64_t offset, int64_t size) const {
+  if (!HAS_FN(api_->raw(), PJRT_Buffer_CopyRawToHost)) return false;
+  auto a = ARGS(PJRT_Buffer_CopyRawToHost);
+  a.buffer = buf_;
+  a.dst = dst;
+  a.offset = offset;
+  a.transfer_size = size;
+  try {
+    api_->Check(api_->raw()->PJRT_Buffer_CopyRawToHost(&a), "PJRT_Buffer_CopyRawToHost");
+  } catch (const Error& e) {
+    if (e.code() == 12 /* UNIMPLEMENTED */) return false;
+    throw;
+  }
+  Event ev(api_, a.event);
+  ev.Await();
+  return true;
+}
+
 // ---------------------------------------------------------------- Executable
 Executable::Executable(const Api* api, PJRT_LoadedExecutable* exe) : api_(api), exe_(exe) {
   auto g = ARGS(PJRT_LoadedExecutable_GetExecutable);

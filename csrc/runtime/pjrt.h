@@ -54,6 +54,11 @@ class Buffer {
   bool IsDeleted() const;
   // Synchronous copy of the whole buffer (row-major) into dst (size bytes).
   void ToHost(void* dst, size_t size) const;
+  // Synchronous copy of bytes [offset, offset + size) of the buffer's
+  // on-device representation. Only meaningful for plugins whose 1-D buffers
+  // are stored linearly (CPU, CUDA); false if the plugin does not implement
+  // it (nothing copied).
+  bool RawToHost(void* dst, int64_t offset, int64_t size) const;
   void AwaitReady() const;
   // Marks the buffer consumed (donated); destructor will then only destroy.
   void MarkDonated() { donated_ = true; }
