@@ -33,7 +33,7 @@ __all__ = [
     "quantize_nvfp4", "dequantize_nvfp4", "nvfp4_matmul", "nvfp4_global_scale",
     "pack_fp4", "unpack_fp4", "QuantLinear", "quantize_linears",
     "BlockFP8Linear", "dequantize_fp8_blocks", "load_fp8_checkpoint",
-    "PackedMXFP4Experts", "load_mxfp4_checkpoint",
+    "PackedMXFP4Experts", "load_mxfp4_checkpoint", "packed_config",
 ]
 
 FP4 = torch.float4_e2m1fn_x2
@@ -442,3 +442,18 @@ def load_mxfp4_checkpoint(path: str, device="tpu", dtype=torch.bfloat16):
                 setattr(mod, proj, PackedMXFP4Experts(blocks, scales, dtype))
     _load_rest(model, cfg, state, (PackedMXFP4Experts,), path)
     return model.to(device).eval()
+
+
+# ---------------------------------------------------------------- transformers' from_pretrained
+def packed_config(path: str, activations: str = "bf16", **kwargs):
+    """The config of a transformers FP8 (`quant_method: fp8`) or MXFP4
+    (`mxfp4`, gpt-oss) checkpoint, for
+    ``AutoModelForCausalLM.from_pretrained(path, config=packed_config(path), device_map="tpu")``
+    to keep the weights packed on tpu (BlockFP8Linear / PackedMXFP4Experts,
+    as load_fp8_checkpoint / load_mxfp4_checkpoint do) instead of
+    dequantizing them to bf16. Its quantization_config names torchtpu's
+    quantizers (registered with transformers' ``register_quantizer``);
+    ``activations`` as in BlockFP8Linear; ``kwargs`` go to AutoConfig.from_pretrained."""
+    from . import _quant_hf
+
+    return _quant_hf.packed_config(path, activations, **kwargs)
