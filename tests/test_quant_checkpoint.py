@@ -246,6 +246,8 @@ def test_from_pretrained_mxfp4_stays_packed(mxfp4_checkpoint, tmp_path):
 
 def test_packed_config_checks(fp8_checkpoint, tmp_path):
     path = fp8_checkpoint[0]
+    model, _ = _from_pretrained_packed(path, activations="fp8")  # W8A8
+    assert {m.activations for m in model.modules() if isinstance(m, Q.BlockFP8Linear)} == {"fp8"}
     with pytest.raises(ValueError, match="device_map='tpu'"):
         transformers.AutoModelForCausalLM.from_pretrained(path, config=Q.packed_config(path), device_map="cpu")
     transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,

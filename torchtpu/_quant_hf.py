@@ -107,6 +107,10 @@ class TpuFp8Quantizer(_PackedQuantizer):
     def _process_model_before_weight_loading(self, model, **kwargs):
         qc = self.quantization_config
         skip = self._skip(model)
+        experts = [n for n, _ in model.named_modules() if n.endswith(".experts") and should_convert_module(n, skip)]
+        if experts:  # transformers' FP8Experts layout; loading it as plain tensors would drop the scales
+            raise NotImplementedError(f"packed_config: FP8 experts ({experts[0]}, ...) are not supported yet; "
+                                      "use from_pretrained without config= (dequantized to bf16)")
         for name, mod in list(model.named_modules()):
             for cname, child in list(mod.named_children()):
                 full = f"{name}.{cname}" if name else cname
@@ -159,9 +163,17 @@ class TpuMxfp4Quantizer(_PackedQuantizer):
                     if new is not None:
                         setattr(mod, cname, new)
 
+    def _loading(self, experts):
+        if not all(getattr(experts, p, None) is not None for p in self._PROJS):
+            return None
+        Q._check(getattr(experts, "is_transposed", False)
+                 and all(getattr(experts, f"{p}_bias", None) is not None for p in self._PROJS),
+                 f"packed_config: MXFP4 experts are supported in gpt-oss' layout (transposed, with "
+                 f"biases), not {type(experts).__name__}'s")
+        return _MXFP4Loading(experts, self._PROJS)
+
     def _process_model_before_weight_loading(self, model, **kwargs):
-        self._swap(model, lambda m: _MXFP4Loading(m, self._PROJS)
-                   if all(getattr(m, p, None) is not None for p in self._PROJS) else None)
+        self._swap(model, self._loading)
         return model
 
     def _process_model_after_weight_loading(self, model, **kwargs):
