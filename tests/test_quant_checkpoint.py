@@ -252,5 +252,16 @@ def test_packed_config_checks(fp8_checkpoint, tmp_path):
         transformers.AutoModelForCausalLM.from_pretrained(path, config=Q.packed_config(path), device_map="cpu")
     transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
                              num_hidden_layers=1, num_attention_heads=2).save_pretrained(str(tmp_path))
-    with pytest.raises(ValueError, match="not an FP8"):
+    with pytest.raises(ValueError, match="not a fp8 or mxfp4 checkpoint"):
         Q.packed_config(str(tmp_path))
+    # a quantized lm_head, which the default skip list keeps plain: refused, not loaded without its scales
+    sd = safetensors_torch.load_file(os.path.join(path, "model.safetensors"))
+    sd["lm_head.weight"] = sd["lm_head.weight"].float().to(torch.float8_e4m3fn)
+    sd["lm_head.weight_scale_inv"] = torch.ones(4, 2)
+    lm = tmp_path / "lm_head_fp8"
+    lm.mkdir()
+    safetensors_torch.save_file(sd, str(lm / "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json")) as f, open(lm / "config.json", "w") as g:
+        g.write(f.read())
+    with pytest.raises(ValueError, match=r"only in the checkpoint \['lm_head'\]"):
+        _from_pretrained_packed(str(lm))

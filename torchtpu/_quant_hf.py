@@ -90,6 +90,25 @@ class _PackedQuantizer(HfQuantizer):
         return self.get_modules_to_not_convert(model, self.quantization_config.modules_to_not_convert,
                                                model._keep_in_fp32_modules)
 
+    def _check_packed(self, checkpoint_files, suffix, packed):
+        """The checkpoint's scaled tensors (names ending in `suffix`) are
+        those of the modules packed from its quantization_config: one loaded
+        into a plain module would lose its scales (transformers only warns)."""
+        files = [str(f) for f in checkpoint_files or ()]
+        if not files or not all(f.endswith(".safetensors") for f in files):
+            return
+        from safetensors import safe_open
+
+        scaled = set()
+        for f in files:
+            with safe_open(f, "pt") as h:
+                scaled.update(k[:-len(suffix)] for k in h.keys() if k.endswith(suffix))
+        only_ckpt, only_packed = sorted(scaled - set(packed)), sorted(set(packed) - scaled)
+        Q._check(not only_ckpt and not only_packed,
+                 f"packed_config: the checkpoint's quantized tensors are not those of the modules its "
+                 f"quantization_config quantizes: only in the checkpoint {only_ckpt[:3]}, only in the "
+                 f"model {only_packed[:3]}")
+
     def is_serializable(self):
         return True
 
@@ -120,6 +139,8 @@ class TpuFp8Quantizer(_PackedQuantizer):
                     w = torch.empty(N, K, dtype=torch.float8_e4m3fn, device="meta")
                     s = torch.empty(-(-N // bn), -(-K // bk), dtype=torch.float32, device="meta")
                     setattr(mod, cname, Q.BlockFP8Linear(w, s, (bn, bk), child.bias, qc.activations))
+        self._check_packed(kwargs.get("checkpoint_files"), ".weight_scale_inv",
+                           [n for n, m in model.named_modules() if isinstance(m, Q.BlockFP8Linear)])
         return model
 
 
@@ -174,6 +195,9 @@ class TpuMxfp4Quantizer(_PackedQuantizer):
 
     def _process_model_before_weight_loading(self, model, **kwargs):
         self._swap(model, self._loading)
+        self._check_packed(kwargs.get("checkpoint_files"), "_blocks",
+                           [f"{n}.{p}" for n, m in model.named_modules() if isinstance(m, _MXFP4Loading)
+                            for p in self._PROJS])
         return model
 
     def _process_model_after_weight_loading(self, model, **kwargs):
@@ -192,13 +216,13 @@ class TpuMxfp4Quantizer(_PackedQuantizer):
         return sd, {}
 
 
-def packed_config(path, activations="bf16", **kwargs):
+def packed_config(path, activations="bf16", methods=tuple(_NAMES), **kwargs):
     config = AutoConfig.from_pretrained(path, **kwargs)
     qc = getattr(config, "quantization_config", None) or {}
     qc = dict(qc if isinstance(qc, dict) else qc.to_dict())
     method = qc.get("quant_method")
-    Q._check(method in _NAMES, f"packed_config: {path} is not an FP8 (quant_method 'fp8') or MXFP4 "
-             f"('mxfp4') checkpoint (quantization_config: {qc or None})")
+    Q._check(method in methods, f"{path} is not a {' or '.join(methods)} checkpoint "
+             f"(quantization_config: {qc or None})")
     qc["quant_method"] = _NAMES[method]
     if method == "fp8":
         qc["activations"] = activations
