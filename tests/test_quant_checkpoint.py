@@ -142,11 +142,18 @@ def make_mxfp4_checkpoint(path):
     return sd
 
 
-def test_mxfp4_checkpoint_loads_packed_and_generates(tmp_path):
-    sd = make_mxfp4_checkpoint(str(tmp_path))
-    ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()  # dequantized on CPU
-    ref.config._experts_implementation = "eager"
-    model = Q.load_mxfp4_checkpoint(str(tmp_path))
+@pytest.fixture(scope="module")
+def mxfp4_checkpoint(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("mxfp4ck"))
+    sd = make_mxfp4_checkpoint(path)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path).eval()  # dequantized on CPU
+    ref.set_experts_implementation("eager")
+    return path, sd, ref
+
+
+def test_mxfp4_checkpoint_loads_packed_and_generates(mxfp4_checkpoint):
+    path, sd, ref = mxfp4_checkpoint
+    model = Q.load_mxfp4_checkpoint(path)
     experts = model.model.layers[0].mlp.experts
     for proj in ("gate_up_proj", "down_proj"):
         p = getattr(experts, proj)
@@ -164,3 +171,97 @@ def test_mxfp4_checkpoint_loads_packed_and_generates(tmp_path):
     want = ref.generate(IDS, max_new_tokens=6, do_sample=False)
     got = model.generate(IDS.to("tpu"), max_new_tokens=6, do_sample=False).cpu()
     assert got.tolist() == want.tolist()
+
+
+# ------------------------------------------------ AutoModelForCausalLM.from_pretrained(device_map="tpu")
+def _from_pretrained_packed(path, **kwargs):
+    """from_pretrained with torchtpu's packed quantizers; the bytes it allocates on tpu."""
+    before = torch.tpu.memory_allocated()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, config=Q.packed_config(path, **kwargs), device_map="tpu").eval()
+    return model, torch.tpu.memory_allocated() - before
+
+
+def _tensor_bytes(model):
+    return sum({id(t): t.nbytes for t in [*model.parameters(), *model.buffers()]}.values())
+
+
+def _assert_saves_checkpoint(model, path, tmp_path):
+    model.save_pretrained(str(tmp_path / "saved"))
+    a = safetensors_torch.load_file(os.path.join(path, "model.safetensors"))
+    b = safetensors_torch.load_file(str(tmp_path / "saved" / "model.safetensors"))
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)), k
+    with open(tmp_path / "saved" / "config.json") as f:
+        saved = json.load(f)["quantization_config"]
+    with open(os.path.join(path, "config.json")) as f:
+        assert saved == json.load(f)["quantization_config"]
+
+
+def test_from_pretrained_fp8_stays_packed(fp8_checkpoint, tmp_path):
+    path, sd, ref = fp8_checkpoint
+    model, allocated = _from_pretrained_packed(path)
+    packed = [m for m in model.modules() if isinstance(m, Q.BlockFP8Linear)]
+    assert len(packed) == 14 and not any(type(m) is torch.nn.Linear for m in model.model.modules())
+    for name, m in model.named_modules():
+        if isinstance(m, Q.BlockFP8Linear):
+            assert m.weight.device.type == "tpu" and m.weight.dtype == torch.float8_e4m3fn
+            assert torch.equal(m.weight.cpu().view(torch.uint8), sd[f"{name}.weight"].view(torch.uint8))
+            assert torch.equal(m.weight_scale_inv.cpu(), sd[f"{name}.weight_scale_inv"])
+    # all tpu memory is the model's tensors: the fp8 weights and their scales, no bf16 copies
+    assert allocated == _tensor_bytes(model)
+    fp8_bytes = sum(m.weight.nbytes + m.weight_scale_inv.nbytes for m in packed)
+    assert fp8_bytes < 0.51 * sum(2 * m.weight.numel() for m in packed)
+    assert model.config.quantization_config.to_dict()["quant_method"] == "fp8"
+    want = ref.generate(IDS, max_new_tokens=8, do_sample=False)
+    torchtpu.reset_metrics()
+    got = model.generate(IDS.to("tpu"), max_new_tokens=8, do_sample=False).cpu()
+    assert got.tolist() == want.tolist()
+    assert torchtpu.metrics()["cpu_fallbacks"] == {}
+    _assert_saves_checkpoint(model, path, tmp_path)  # a standard fp8 checkpoint again
+
+
+def test_from_pretrained_mxfp4_stays_packed(mxfp4_checkpoint, tmp_path):
+    path, sd, ref = mxfp4_checkpoint
+    model, allocated = _from_pretrained_packed(path)
+    for i, layer in enumerate(model.model.layers):
+        for proj in ("gate_up_proj", "down_proj"):
+            p = getattr(layer.mlp.experts, proj)
+            assert isinstance(p, Q.PackedMXFP4Experts) and p.blocks.device.type == "tpu"
+            assert p.blocks.dtype == torch.float4_e2m1fn_x2 and p.scales.dtype == torch.float8_e8m0fnu
+            raw = sd[f"model.layers.{i}.mlp.experts.{proj}_blocks"]
+            assert torch.equal(p.blocks.cpu().view(torch.uint8), raw.reshape(*raw.shape[:2], -1))
+    assert allocated == _tensor_bytes(model)
+    experts = [m for m in model.modules() if isinstance(m, Q.PackedMXFP4Experts)]
+    fp4_bytes = sum(m.blocks.nbytes + m.scales.nbytes for m in experts)
+    assert fp4_bytes < 0.27 * sum(2 * m.shape.numel() for m in experts)
+    want = ref.generate(IDS, max_new_tokens=6, do_sample=False)
+    torchtpu.reset_metrics()
+    got = model.generate(IDS.to("tpu"), max_new_tokens=6, do_sample=False).cpu()
+    assert got.tolist() == want.tolist()
+    assert torchtpu.metrics()["cpu_fallbacks"] == {}
+    _assert_saves_checkpoint(model, path, tmp_path)
+
+
+def test_packed_config_checks(fp8_checkpoint, tmp_path):
+    path = fp8_checkpoint[0]
+    model, _ = _from_pretrained_packed(path, activations="fp8")  # W8A8
+    assert {m.activations for m in model.modules() if isinstance(m, Q.BlockFP8Linear)} == {"fp8"}
+    with pytest.raises(ValueError, match="device_map='tpu'"):
+        transformers.AutoModelForCausalLM.from_pretrained(path, config=Q.packed_config(path), device_map="cpu")
+    transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                             num_hidden_layers=1, num_attention_heads=2).save_pretrained(str(tmp_path))
+    with pytest.raises(ValueError, match="not a fp8 or mxfp4 checkpoint"):
+        Q.packed_config(str(tmp_path))
+    # a quantized lm_head, which the default skip list keeps plain: refused, not loaded without its scales
+    sd = safetensors_torch.load_file(os.path.join(path, "model.safetensors"))
+    sd["lm_head.weight"] = sd["lm_head.weight"].float().to(torch.float8_e4m3fn)
+    sd["lm_head.weight_scale_inv"] = torch.ones(4, 2)
+    lm = tmp_path / "lm_head_fp8"
+    lm.mkdir()
+    safetensors_torch.save_file(sd, str(lm / "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json")) as f, open(lm / "config.json", "w") as g:
+        g.write(f.read())
+    with pytest.raises(ValueError, match=r"only in the checkpoint \['lm_head'\]"):
+        _from_pretrained_packed(str(lm))

@@ -33,7 +33,7 @@ __all__ = [
     "quantize_nvfp4", "dequantize_nvfp4", "nvfp4_matmul", "nvfp4_global_scale",
     "pack_fp4", "unpack_fp4", "QuantLinear", "quantize_linears",
     "BlockFP8Linear", "dequantize_fp8_blocks", "load_fp8_checkpoint",
-    "PackedMXFP4Experts", "load_mxfp4_checkpoint",
+    "PackedMXFP4Experts", "load_mxfp4_checkpoint", "packed_config",
 ]
 
 FP4 = torch.float4_e2m1fn_x2
@@ -346,19 +346,9 @@ def _quantize_fp8_groups(x: torch.Tensor, group: int):
 def load_fp8_checkpoint(path: str, device="tpu", dtype=torch.bfloat16, activations="bf16"):
     """A transformers causal LM saved with a fine-grained FP8 config
     (`quant_method: fp8`, `weight_block_size`), its FP8 linears kept packed
-    as BlockFP8Linear on `device` (transformers itself dequantizes them to
-    bf16 where it has no fp8 kernels)."""
-    cfg, qc, model, state = _plain_model(path, "fp8", dtype)
-    block = qc.get("weight_block_size") or None
-    for name, mod in list(model.named_modules()):
-        for cname, child in list(mod.named_children()):
-            full = f"{name}.{cname}" if name else cname
-            if isinstance(child, torch.nn.Linear) and f"{full}.weight_scale_inv" in state:
-                w, s = state.pop(f"{full}.weight"), state.pop(f"{full}.weight_scale_inv")
-                b = state.pop(f"{full}.bias", None)
-                setattr(mod, cname, BlockFP8Linear(w, s, block or list(w.shape), b, activations))
-    _load_rest(model, cfg, state, (BlockFP8Linear,), path)
-    return model.to(device).eval()
+    as BlockFP8Linear on `device` (a tpu; transformers itself dequantizes them to
+    bf16 where it has no fp8 kernels): ``from_pretrained`` with packed_config."""
+    return _from_pretrained(path, "fp8", device, dtype, activations=activations)
 
 
 # ---------------------------------------------------------------- MXFP4 (gpt-oss) checkpoints
@@ -390,55 +380,34 @@ class PackedMXFP4Experts(torch.nn.Module):
 E8M0 = torch.float8_e8m0fnu
 
 
-def _plain_model(path, quant_method, dtype):
-    import glob
-    import os
-
-    from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.from_pretrained(path)
-    qc = getattr(cfg, "quantization_config", None) or {}
-    qc = qc if isinstance(qc, dict) else qc.to_dict()
-    _check(qc.get("quant_method") == quant_method,
-           f"{path} is not a {quant_method} checkpoint (quantization_config: {qc})")
-    plain = cfg.to_dict()
-    plain.pop("quantization_config")
-    cfg = type(cfg).from_dict(plain)  # the architecture with plain modules
-    if hasattr(cfg, "_experts_implementation"):
-        cfg._experts_implementation = "eager"  # per-expert weights (the packed ones index)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    state = {}
-    for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
-        state.update(load_file(f))
-    return cfg, qc, model, state
-
-
-def _load_rest(model, cfg, state, packed_types, path):
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = getattr(cfg, "tie_word_embeddings", False)
-    packed = {n for n, m in model.named_modules() if isinstance(m, packed_types)}
-    missing = [k for k in missing
-               if not (tied and k == "lm_head.weight") and k.rsplit(".", 1)[0] not in packed]
-    _check(not unexpected, f"{path}: unexpected tensors {unexpected[:5]}")
-    _check(not missing, f"{path}: tensors missing: {missing[:5]}")
-    if tied:
-        model.tie_weights()
-
-
 def load_mxfp4_checkpoint(path: str, device="tpu", dtype=torch.bfloat16):
     """A transformers MXFP4 checkpoint (gpt-oss format: experts'
     `{gate_up,down}_proj_blocks` / `_scales`) with the expert weights kept
-    packed (PackedMXFP4Experts) on `device`; each expert is dequantized when
+    packed (PackedMXFP4Experts) on `device` (a tpu); each expert is dequantized when
     the experts' eager loop uses it (transformers dequantizes the whole model
-    to bf16 where it has no MXFP4 kernels)."""
-    cfg, _, model, state = _plain_model(path, "mxfp4", dtype)
-    for name, mod in list(model.named_modules()):
-        for proj in ("gate_up_proj", "down_proj"):
-            key = f"{name}.{proj}_blocks"
-            if key in state:
-                blocks, scales = state.pop(key), state.pop(f"{name}.{proj}_scales")
-                delattr(mod, proj)
-                setattr(mod, proj, PackedMXFP4Experts(blocks, scales, dtype))
-    _load_rest(model, cfg, state, (PackedMXFP4Experts,), path)
-    return model.to(device).eval()
+    to bf16 where it has no MXFP4 kernels): ``from_pretrained`` with packed_config."""
+    return _from_pretrained(path, "mxfp4", device, dtype)
+
+
+# ---------------------------------------------------------------- transformers' from_pretrained
+def packed_config(path: str, activations: str = "bf16", **kwargs):
+    """The config of a transformers FP8 (`quant_method: fp8`) or MXFP4
+    (`mxfp4`, gpt-oss) checkpoint, for
+    ``AutoModelForCausalLM.from_pretrained(path, config=packed_config(path), device_map="tpu")``
+    to keep the weights packed on tpu (BlockFP8Linear / PackedMXFP4Experts;
+    load_fp8_checkpoint / load_mxfp4_checkpoint load this way) instead of
+    dequantizing them to bf16. Its quantization_config names torchtpu's
+    quantizers (registered with transformers' ``register_quantizer``);
+    ``activations`` as in BlockFP8Linear; ``kwargs`` go to AutoConfig.from_pretrained."""
+    from . import _quant_hf
+
+    return _quant_hf.packed_config(path, activations, **kwargs)
+
+
+def _from_pretrained(path, method, device, dtype, **kwargs):
+    from transformers import AutoModelForCausalLM
+
+    from . import _quant_hf
+
+    config = _quant_hf.packed_config(path, methods=(method,), **kwargs)
+    return AutoModelForCausalLM.from_pretrained(path, config=config, device_map=device, dtype=dtype).eval()
