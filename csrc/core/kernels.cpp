@@ -431,6 +431,16 @@ static void RunOnHost(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
   at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
 }
 
+// Whether an op with this meta key (argument types, shapes, values) has been
+// seen fewer than HostTierRuns() times before in this process.
+static bool FirstSighting(const std::string& meta_key) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, int> seen;
+  std::lock_guard<std::mutex> g(mu);
+  if (seen.size() > (1u << 18)) seen.clear();
+  return seen[meta_key]++ < HostTierRuns();
+}
+
 // Whether every tpu tensor argument has a valid host copy (and there is one):
 // ops on values already on the host (a chain of host-tier results, a tensor
 // just printed) stay there, compiling nothing.
@@ -634,6 +644,14 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   std::string key;
   std::vector<at::Tensor> flat_inputs;
   MetaKey(schema, name, args, key, flat_inputs);
+  // The host tier's first sightings: an op with these argument types and
+  // shapes seen fewer than HostTierRuns() times runs on the host before any
+  // output metadata, lowering or program text (printing, shapes seen once).
+  if (host_tier && FirstSighting(key)) {
+    std::lock_guard<std::recursive_mutex> g(Region::Lock());
+    RunOnHost(op, stack, name);
+    return;
+  }
   const Mode mode = GetMode();
   const bool debug = mode == Mode::Debug;
   // Strict mode replays the plan of an earlier call with the same argument
