@@ -162,3 +162,20 @@ def test_view_reads_wait_for_pending_programs_and_follow_writes(host_tier):
     assert torch.allclose(y[-1, -3:].cpu(), want[-1, -3:] + 1, rtol=1e-4, atol=1e-3)
     z = y[5, :4].double()  # a conversion of a value already on the host
     assert torch.equal(z.cpu(), torch.ones(4, dtype=torch.float64))
+
+
+def test_host_tier_results_stay_on_the_host_until_a_program_needs_them(host_tier, metrics):
+    # A host-tier result's bytes stay on the host (no upload) until a program
+    # reads it or an in-place op donates its buffer; every reader sees the values.
+    x = torch.linspace(-2, 2, 29)
+    y = x.to("tpu").abs()  # host tier
+    assert "aten::abs" in metrics()["host_tier_ops"]
+    assert torch.equal(y.cpu(), x.abs())
+    z = y.exp()  # a program reads it: uploaded then
+    assert torch.allclose(z.cpu(), x.abs().exp())
+    y.add_(1)  # in place: donates the uploaded buffer
+    assert torch.equal(y.cpu(), x.abs() + 1)
+    w = x.to("tpu").neg()
+    w.mul_(torch.full((29,), 3.0, device="tpu"))  # in place on a never-uploaded buffer
+    assert torch.equal(w.cpu(), -x * 3)
+    assert torch.equal(torch.cat([w, y]).cpu(), torch.cat([-x * 3, x.abs() + 1]))

@@ -632,7 +632,6 @@ void AppendStorageKey(std::string& key, const at::Tensor& t, const StatePtr& st,
   put(same);
 }
 
-constexpr int64_t kMirrorBytes = 256 << 10;
 
 static bool MirrorValid(const StorageState& st) {
   if (st.mirror.empty() || !st.buf) return false;
@@ -653,10 +652,15 @@ const char* HostBytes(const StorageState& st, int64_t lo, int64_t hi) {
   return nullptr;
 }
 
+void SetHostMirror(StorageState& st, std::shared_ptr<const std::string> bytes) {
+  if (!st.buf || (int64_t)bytes->size() != st.nbytes || st.nbytes > kMirrorBytes) return;
+  st.mirror.assign(1, {0, std::move(bytes)});
+  st.mirror_of = st.buf;
+}
+
 void SetHostMirror(StorageState& st, const void* data, int64_t nbytes) {
   if (!st.buf || nbytes != st.nbytes || nbytes > kMirrorBytes) return;
-  st.mirror.assign(1, {0, std::make_shared<const std::string>(static_cast<const char*>(data), nbytes)});
-  st.mirror_of = st.buf;
+  SetHostMirror(st, std::make_shared<const std::string>(static_cast<const char*>(data), nbytes));
 }
 
 // Keeps bytes [lo, lo + size) of st's current buffer as a host copy, with the

@@ -34,10 +34,13 @@ c10::ScalarType ToScalarType(hlo::ET t);
 PJRT_Buffer_Type ToPjrt(hlo::ET t);
 
 // Strict mode's host tier (see kernels.cpp): host copies of small storages.
+// Largest storage kept whole as a host copy.
+constexpr int64_t kMirrorBytes = 256 << 10;
 // The bytes of st's buffer if a valid host copy exists, else nullptr.
 const std::string* HostMirror(const StorageState& st);
 // Keeps a host copy of st's current buffer (small storages only).
 void SetHostMirror(StorageState& st, const void* data, int64_t nbytes);
+void SetHostMirror(StorageState& st, std::shared_ptr<const std::string> bytes);
 // The host copy of bytes [lo, hi) of st's current buffer if a valid host copy
 // (whole or partial) covers them, else nullptr.
 const char* HostBytes(const StorageState& st, int64_t lo, int64_t hi);

@@ -225,15 +225,24 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     ET et = ToET(src.scalar_type());
     int64_t nbytes = src.numel() * src.element_size();
     GetMetrics().Native("aten::_copy_from");
+    StatePtr st = GetState(dst.storage().unsafeGetStorageImpl());
+    const bool whole = r.empty() && dst.storage_offset() == 0 && dst.is_contiguous() && nbytes == st->nbytes;
+    if (whole && InHostTier() && nbytes <= kMirrorBytes) {
+      // a host-tier result: its bytes stay on the host (also its host copy)
+      // until a program needs them
+      auto bytes = std::make_shared<const std::string>(static_cast<const char*>(src.data_ptr()), nbytes);
+      st->buf = Runtime::Get().HostResident(bytes, ToPjrt(et), src.numel());
+      st->et = et;
+      st->numel = src.numel();
+      SetHostMirror(*st, std::move(bytes));
+      return dst;
+    }
     pjrt::BufferPtr buf =
         Runtime::Get().Upload(src.data_ptr(), ToPjrt(et), {src.numel()}, nbytes);
-    StatePtr st = GetState(dst.storage().unsafeGetStorageImpl());
-    if (r.empty() && dst.storage_offset() == 0 && dst.is_contiguous() &&
-        nbytes == st->nbytes) {
+    if (whole) {
       st->buf = buf;
       st->et = et;
       st->numel = src.numel();
-      if (InHostTier()) SetHostMirror(*st, src.data_ptr(), nbytes);  // a host-tier result
       return dst;
     }
     Value v = r.BufferArg(buf, Type(et, {src.numel()}));

@@ -230,6 +230,11 @@ pjrt::BufferPtr Runtime::Upload(const void* data, PJRT_Buffer_Type type,
   return client_->FromHost(data, type, dims, device_, nbytes);
 }
 
+pjrt::BufferPtr Runtime::HostResident(std::shared_ptr<const std::string> bytes, PJRT_Buffer_Type type,
+                                      int64_t numel) {
+  return std::make_shared<pjrt::Buffer>(client_.get(), device_, std::move(bytes), type, numel);
+}
+
 size_t Runtime::cache_size() {
   std::lock_guard<std::mutex> g(mu_);
   return cache_.size();

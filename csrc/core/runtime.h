@@ -62,6 +62,9 @@ class Runtime {
   pjrt::ExecutablePtr Executable(const std::string& text, bool first_sight_null = false);
   pjrt::BufferPtr Upload(const void* data, PJRT_Buffer_Type type, const std::vector<int64_t>& dims,
                          int64_t nbytes);
+  // A buffer whose bytes stay on the host until the device needs them
+  // (pjrt::Buffer's host-resident form).
+  pjrt::BufferPtr HostResident(std::shared_ptr<const std::string> bytes, PJRT_Buffer_Type type, int64_t numel);
   size_t cache_size();
   // Compile options for a program: those with dots/convolutions differ (see DefaultCompileOptions).
   const std::string& DefaultOptionsFor(const std::string& text);

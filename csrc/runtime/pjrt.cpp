@@ -144,6 +144,27 @@ Buffer::Buffer(const Api* api, PJRT_Buffer* buf, int64_t nbytes)
   g_live_bytes += nbytes_;
 }
 
+Buffer::Buffer(Client* client, PJRT_Device* device, std::shared_ptr<const std::string> host,
+               PJRT_Buffer_Type type, int64_t numel)
+    : api_(client->api()), buf_(nullptr), nbytes_((int64_t)host->size()), client_(client),
+      device_(device), host_(std::move(host)), type_(type), numel_(numel) {
+  g_live_buffers++;
+  g_live_bytes += nbytes_;
+}
+
+void Buffer::Materialize() const {
+  std::lock_guard<std::mutex> g(mu_);
+  if (buf_ || !host_) return;
+  BufferPtr up = client_->FromHost(host_->data(), type_, {numel_}, device_, nbytes_);
+  buf_ = up->buf_;
+  up->buf_ = nullptr;  // ours now
+}
+
+bool Buffer::host_resident() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return !buf_ && host_;
+}
+
 namespace {
 // Destroying a buffer waits for the executions still reading it; a
 // background thread does it so the host never blocks on the device here.
@@ -198,6 +219,7 @@ int64_t Buffer::live_buffers() { return g_live_buffers.load(); }
 int64_t Buffer::live_bytes() { return g_live_bytes.load(); }
 
 std::vector<int64_t> Buffer::Dims() const {
+  if (host_resident()) return {numel_};
   auto a = ARGS(PJRT_Buffer_Dimensions);
   a.buffer = buf_;
   api_->Check(api_->raw()->PJRT_Buffer_Dimensions(&a), "PJRT_Buffer_Dimensions");
@@ -205,6 +227,7 @@ std::vector<int64_t> Buffer::Dims() const {
 }
 
 PJRT_Buffer_Type Buffer::ElementType() const {
+  if (host_resident()) return type_;
   auto a = ARGS(PJRT_Buffer_ElementType);
   a.buffer = buf_;
   api_->Check(api_->raw()->PJRT_Buffer_ElementType(&a), "PJRT_Buffer_ElementType");
@@ -212,6 +235,7 @@ PJRT_Buffer_Type Buffer::ElementType() const {
 }
 
 bool Buffer::IsDeleted() const {
+  if (host_resident()) return false;
   auto a = ARGS(PJRT_Buffer_IsDeleted);
   a.buffer = buf_;
   api_->Check(api_->raw()->PJRT_Buffer_IsDeleted(&a), "PJRT_Buffer_IsDeleted");
@@ -219,6 +243,7 @@ bool Buffer::IsDeleted() const {
 }
 
 void Buffer::AwaitReady() const {
+  if (host_resident()) return;
   auto a = ARGS(PJRT_Buffer_ReadyEvent);
   a.buffer = buf_;
   api_->Check(api_->raw()->PJRT_Buffer_ReadyEvent(&a), "PJRT_Buffer_ReadyEvent");
@@ -228,6 +253,10 @@ void Buffer::AwaitReady() const {
 
 void Buffer::ToHost(void* dst, size_t size) const {
   if (size == 0) return;
+  if (host_resident()) {
+    std::memcpy(dst, host_->data(), std::min(size, host_->size()));
+    return;
+  }
   // Ask for a dense row-major host layout (minor_to_major = n-1..0).
   std::vector<int64_t> dims = Dims();
   std::vector<int64_t> m2m(dims.size());
@@ -251,6 +280,11 @@ void Buffer::ToHost(void* dst, size_t size) const {
 }
 
 bool Buffer::RawToHost(void* dst, int64_t offset, int64_t size) const {
+  if (host_resident()) {
+    if (offset < 0 || offset + size > (int64_t)host_->size()) return false;
+    std::memcpy(dst, host_->data() + offset, size);
+    return true;
+  }
   if (!HAS_FN(api_->raw(), PJRT_Buffer_CopyRawToHost)) return false;
   auto a = ARGS(PJRT_Buffer_CopyRawToHost);
   a.buffer = buf_;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -44,10 +45,21 @@ class Client;
 class Buffer {
  public:
   Buffer(const Api* api, PJRT_Buffer* buf, int64_t nbytes);
+  // A buffer whose bytes (a dense 1-D array) stay on the host until a program
+  // or a device transfer first needs them (get()): strict mode's host-tier
+  // results, which printing and other host-side chains read back at once.
+  Buffer(Client* client, PJRT_Device* device, std::shared_ptr<const std::string> host,
+         PJRT_Buffer_Type type, int64_t numel);
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   ~Buffer();
-  PJRT_Buffer* get() const { return buf_; }
+  // The PJRT buffer (uploading a host-resident buffer's bytes first).
+  PJRT_Buffer* get() const {
+    if (!buf_) Materialize();
+    return buf_;
+  }
+  // Whether the bytes are still only on the host.
+  bool host_resident() const;
   std::vector<int64_t> Dims() const;
   PJRT_Buffer_Type ElementType() const;
   int64_t nbytes() const { return nbytes_; }
@@ -65,10 +77,18 @@ class Buffer {
   static int64_t live_buffers();
   static int64_t live_bytes();
  private:
+  void Materialize() const;
   const Api* api_;
-  PJRT_Buffer* buf_;
+  mutable PJRT_Buffer* buf_;
   int64_t nbytes_;
   bool donated_ = false;
+  // host-resident buffers (see above)
+  Client* client_ = nullptr;
+  PJRT_Device* device_ = nullptr;
+  std::shared_ptr<const std::string> host_;
+  PJRT_Buffer_Type type_ = PJRT_Buffer_Type_INVALID;
+  int64_t numel_ = 0;
+  mutable std::mutex mu_;
 };
 using BufferPtr = std::shared_ptr<Buffer>;
 
