@@ -14,7 +14,10 @@ subprocess:
   * ``tpu-bf16``: ``device_map="tpu", dtype=torch.bfloat16``;
   * ``cpu``: ``device_map="cpu"``, for reference (its parameters are views of the
     mmapped files, so they are page cache, not anonymous memory: its resident_mb
-    is 0 and peak_rss_mb shows the pages read).
+    is 0 and peak_rss_mb shows the pages read);
+  * ``tpu-no-mmap``: ``device_map="tpu", disable_mmap=True``, the control: transformers
+    then reads every file into memory and builds the whole state dict on the host
+    before moving it, the two host copies the measurement is there to catch.
 
 The child starts the device first (so the plugin's own memory is in the baseline),
 and loads a small model of the same architecture the same way (the modules
@@ -48,7 +51,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 CASES = {"tpu": dict(device_map="tpu"), "tpu-bf16": dict(device_map="tpu", dtype="bfloat16"),
-         "cpu": dict(device_map="cpu")}
+         "cpu": dict(device_map="cpu"), "tpu-no-mmap": dict(device_map="tpu", disable_mmap=True)}
 MB = 1 << 20
 
 

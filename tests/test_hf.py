@@ -88,7 +88,7 @@ def test_from_pretrained_device_map_holds_no_host_copy_of_the_weights(tmp_path):
     """device_map="tpu" moves each tensor from the checkpoint's mmap to the device, a few at a time: beyond
     the loaded weights (with XLA:CPU, device memory is host memory too) loading holds little anonymous host
     memory, far from a second copy of the weights. Measured in a fresh process by benchmarks/bench_load.py
-    (~100 MB of fp32 weights in two shards; docs/hf-suite.md has its figures)."""
+    (~100 MB of fp32 weights in 50 MB shards; docs/hf-suite.md has its figures)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_load", os.path.join(
