@@ -25,7 +25,8 @@ runs an op's first calls on the host, see docs/design.md "host tier", so program
 are still compiled in the first steps after the first one). Each eager mode
 (``TORCHTPU_MODE``) runs in its own subprocess with an empty compile cache
 (``TORCHTPU_CACHE_DIR``, a temp dir). ``ratio`` is tpu ms/step over CPU ms/step in
-that process.
+that process. ``loss_abs_diff``: the runs' mean training loss, tpu against CPU (the
+same computation on both: the same seed, data and updates).
 """
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ def make_data(n):
 
 
 def train(device, bf16, steps, warmup, tmp):
-    """One Trainer run; returns (step seconds after warm-up, compiles in warm-up, compiles in each step after)."""
+    """One Trainer run; returns (step seconds after warm-up, compiles in warm-up, compiles in each step after,
+    the run's mean training loss)."""
     import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -102,10 +104,10 @@ def train(device, bf16, steps, warmup, tmp):
                              dataloader_num_workers=0)
     model = tiny_llama()
     t = Trainer(model=model, args=args, train_dataset=make_data(BATCH * (warmup + steps)), callbacks=[Clock()])
-    t.train()
+    loss = t.train().training_loss
     assert t.args.device.type == device and model.device.type == device
     times = [b - a for a, b in zip(stamps, stamps[1:])][warmup:]
-    return times, sum(compiles[:warmup]), compiles[warmup:]
+    return times, sum(compiles[:warmup]), compiles[warmup:], loss
 
 
 def child(steps, warmup, rounds, threads):
@@ -120,10 +122,10 @@ def child(steps, warmup, rounds, threads):
         train("cpu", False, 2, 1, tmp)  # untimed: imports, first-use costs
         for precision, bf16 in (("fp32", False), ("bf16", True)):
             times = {"cpu": [], "tpu": []}
-            warm, after = None, []
+            warm, after, loss = None, [], {}
             for _ in range(rounds):
                 for device in ("cpu", "tpu"):
-                    t, w, a = train(device, bf16, steps, warmup, tmp)
+                    t, w, a, loss[device] = train(device, bf16, steps, warmup, tmp)
                     times[device] += t
                     if device == "tpu":
                         warm = w if warm is None else warm
@@ -131,7 +133,8 @@ def child(steps, warmup, rounds, threads):
             cpu_ms, tpu_ms = (1e3 * statistics.median(times[d]) for d in ("cpu", "tpu"))
             out[precision] = dict(cpu_ms=round(cpu_ms, 2), tpu_ms=round(tpu_ms, 2), ratio=round(tpu_ms / cpu_ms, 2),
                                   compiles_warmup=warm, compiles_after_warmup=sum(map(sum, after)),
-                                  compiles_per_step=after[0])
+                                  compiles_per_step=after[0],
+                                  loss_abs_diff=float(f"{abs(loss['tpu'] - loss['cpu']):.2g}"))
     return out
 
 
