@@ -2,11 +2,11 @@
 
     python benchmarks/bench_load.py [--mb 300] [--shard-mb 100] [--json out.json]
 
-safetensors knows no "tpu" device, so transformers reads every tensor into host
-memory (an mmap of the file, then a CPU tensor) and moves it with ``.to("tpu")``,
+safetensors knows no "tpu" device, so transformers opens every shard on "cpu" (an
+mmap of the file), takes each tensor from it and moves it with ``.to("tpu", dtype)``,
 a few tensors at a time (its loader's thread pool). This measures how much host
-memory that takes beyond the weights themselves: a tiny-config Llama with a large
-vocabulary and hidden size (about ``--mb`` MB of fp32 weights, untied embeddings) is
+memory that takes beyond the weights themselves: a Llama (hidden 768, vocab 8000,
+untied embeddings, as many layers as make about ``--mb`` MB of fp32 weights) is
 saved as sharded safetensors in a temp dir, then each case loads it in a fresh
 subprocess:
 
@@ -28,8 +28,7 @@ baseline, and ``peak_rss_mb`` the kernel's exact high-water mark (VmHWM, reset w
 /proc/self/clear_refs) above the baseline, which also counts the checkpoint's
 file pages mapped while reading (page cache, not a copy). With the XLA CPU plugin
 the "device" is host memory too, so the model's resident bytes
-(``torch.tpu.memory_allocated()`` on tpu, the parameters' bytes on CPU) are taken
-off: ``overhead_mb = peak_anon_mb - resident_mb`` is what loading held on the host
+(``torch.tpu.memory_allocated()``; 0 on CPU, see above) are taken off: ``overhead_mb = peak_anon_mb - resident_mb`` is what loading held on the host
 beyond the loaded model, and ``overhead_x`` that against the checkpoint's size on
 disk. Two full host copies of the weights would show as ``overhead_x`` >= 1.
 """
