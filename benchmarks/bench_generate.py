@@ -13,8 +13,10 @@ For each batch size the configurations take turns, request by request. A
 streamer reads each step's tokens to the host as they come (as a streaming
 server does): ttft_ms is the time to the first new token (prefill and one
 sampling step), decode_tok_s = batch * (new - 1) / (time from the first to
-the last new token), request_s the whole request. After one warm-up request
-per configuration (warmup_s: its compiles), the timed requests use fresh
+the last new token), request_s the whole request. After the warm-up requests
+per configuration (warmup_s: their compiles; 1 + TORCHTPU_HOST_TIER for tpu,
+since strict mode's host tier compiles an op's new shapes at their third
+sighting), the timed requests use fresh
 prompts (and, for compiled_static, other prompt lengths in the same bucket);
 compiles_per_request counts XLA compiles during them (0 = every program came
 from the cache). Ratios are against strict eager and CPU eager.
@@ -98,11 +100,20 @@ def bench_batch(batch, args, models):
     runs = {c: runner(c, *models) for c in CONFIGS}
     res = {c: {"ttft": [], "decode": [], "request": [], "compiles": []} for c in CONFIGS}
     outs = {}
-    for c in CONFIGS:  # warm-up: compiles (and the reference tokens)
+    # Warm-up: compiles (and the reference tokens). Strict mode's host tier runs an
+    # op with new shapes on the host its first HostTierRuns() times (generate's
+    # growing-length ops see each length once per request) and compiles it the
+    # next: the steady state begins after that many requests plus one.
+    host_runs = torchtpu._C._set_host_tier_runs(0)
+    torchtpu._C._set_host_tier_runs(host_runs)
+    for c in CONFIGS:
         t = time.perf_counter()
-        outs[c] = runs[c](torch.randint(1, args.vocab, (batch, 12), generator=torch.Generator().manual_seed(7)),
-                          args.new)
+        for w in range(1 + (host_runs if c != "cpu_eager" else 0)):
+            ids = torch.randint(1, args.vocab, (batch, 12), generator=torch.Generator().manual_seed(7 + w))
+            out = runs[c](ids, args.new)
+            outs.setdefault(c, out)
         res[c]["warmup_s"] = time.perf_counter() - t
+        res[c]["warmup_requests"] = 1 + (host_runs if c != "cpu_eager" else 0)
     same = all(torch.equal(outs[c], outs["cpu_eager"]) for c in CONFIGS)
     for r in range(args.repeat):
         length = 12 if r % 2 == 0 else 11  # compiled_static: another length, same bucket
@@ -124,11 +135,61 @@ def bench_batch(batch, args, models):
         out[c] = {"ttft_ms": round(1e3 * med["ttft"], 2),
                   "decode_tok_s": round(batch * (args.new - 1) / med["decode"], 1),
                   "request_s": round(med["request"], 4),
-                  "warmup_s": round(res[c]["warmup_s"], 2),
+                  "warmup_s": round(res[c]["warmup_s"], 2), "warmup_requests": res[c]["warmup_requests"],
                   "compiles_per_request": max(res[c]["compiles"]) if c != "cpu_eager" else None}
     for c in CONFIGS[1:]:
         out[f"{c}_vs_strict"] = round(out[c]["decode_tok_s"] / out["strict"]["decode_tok_s"], 2)
         out[f"{c}_vs_cpu"] = round(out[c]["decode_tok_s"] / out["cpu_eager"]["decode_tok_s"], 2)
+    return out
+
+
+def bench_speculative(args, models):
+    """Assisted generation (a draft: the target less its last layer) and prompt-lookup
+    decoding against plain greedy on tpu (strict), warm: one untimed request each first
+    (every candidate length's programs compile there), then `repeat` timed requests of
+    the same prompt (a repeated text, so prompt lookup finds candidates). Reports tokens
+    per target forward (new tokens / target forwards: 1.0 without speculation),
+    wall-time speed-up over plain greedy, compiles during the timed requests, and
+    whether the tokens equal plain greedy's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cpu, tpu, _ = models
+    cfg = tpu.config.to_dict()
+    cfg["num_hidden_layers"] = max(1, cfg["num_hidden_layers"] - 1)
+    draft = LlamaForCausalLM(LlamaConfig(**cfg)).eval()
+    last = f".layers.{tpu.config.num_hidden_layers - 1}."
+    draft.load_state_dict({k: v for k, v in cpu.state_dict().items() if last not in k})
+    draft = draft.to("tpu")
+    base = torch.randint(3, args.vocab, (1, 8), generator=torch.Generator().manual_seed(7))
+    ids = torch.cat([base, base, base], 1).to("tpu")
+    calls = []
+    hook = tpu.register_forward_hook(lambda *a: calls.append(1))
+    kinds = {"greedy": {}, "assisted": {"assistant_model": draft}, "prompt_lookup": {"prompt_lookup_num_tokens": 3}}
+    out, ref = {}, None
+    try:
+        for name, kw in kinds.items():
+            tok = tpu.generate(ids, max_new_tokens=args.new, do_sample=False, **kw).cpu()  # warm-up
+            ref = tok if ref is None else ref
+            times = []
+            torchtpu.reset_metrics()
+            for _ in range(args.repeat):
+                calls.clear()
+                t0 = time.perf_counter()
+                tok = tpu.generate(ids, max_new_tokens=args.new, do_sample=False, **kw).cpu()
+                times.append(time.perf_counter() - t0)
+            new = tok.shape[1] - ids.shape[1]
+            out[name] = {"request_s": statistics.median(times), "target_forwards": len(calls),
+                         "tokens_per_forward": round(new / len(calls), 2),
+                         "compiles_timed": torchtpu.metrics()["compiles"], "tokens_equal_greedy": torch.equal(tok, ref)}
+    finally:
+        hook.remove()
+    for name in ("assisted", "prompt_lookup"):
+        out[name]["speedup_vs_greedy"] = round(out["greedy"]["request_s"] / out[name]["request_s"], 2)
+    print(f"speculative decoding (strict, batch 1, {args.new} new tokens, warm):")
+    for name, x in out.items():
+        print(f"  {name:14s} {x['request_s'] * 1e3:8.1f} ms  target forwards {x['target_forwards']:3d}  "
+              f"tokens/forward {x['tokens_per_forward']:5.2f}  speed-up {x.get('speedup_vs_greedy', 1.0):5.2f}x  "
+              f"compiles {x['compiles_timed']}  equal to greedy {x['tokens_equal_greedy']}")
     return out
 
 
@@ -141,10 +202,14 @@ def main():
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--vocab", type=int, default=128)
     p.add_argument("--json", default=None)
+    p.add_argument("--speculative", action="store_true",
+                   help="also: assisted (draft model) and prompt-lookup decoding vs plain greedy, strict mode")
     args = p.parse_args()
     models = make_models(args)
     report = {"plugin": torchtpu._plugin_kind, "new_tokens": args.new, "hidden": args.hidden,
               "layers": args.layers, "results": []}
+    if args.speculative:
+        report["speculative"] = bench_speculative(args, models)
     for b in args.batches:
         r = bench_batch(b, args, models)
         report["results"].append(r)

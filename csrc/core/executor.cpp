@@ -536,8 +536,6 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
   }
   Record* rec = rec_;
   rec_ = nullptr;
-  const bool may_skip = host_tier_ok_;  // a skip leaves rec without an executable
-  host_tier_ok_ = false;
   std::vector<Value> results;
   std::vector<StatePtr> targets;
   std::vector<int> donated;
@@ -571,13 +569,9 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
   Reset();
   Runtime& rt = Runtime::Get();
   int64_t t1 = NowNs();
-  pjrt::ExecutablePtr exe = rt.Executable(text, may_skip);
+  pjrt::ExecutablePtr exe = rt.Executable(text);
   mt.finish_ns += t1 - t0;
   mt.lookup_ns += NowNs() - t1;
-  if (!exe) {  // host tier: nothing ran, nothing was written
-    ran_on_host_ = true;
-    return extra_out;
-  }
   if (rec) {
     rec->exe = exe;
     rec->args = std::move(arg_src);
@@ -677,6 +671,15 @@ static void AddHostRange(StorageState& st, int64_t lo, std::shared_ptr<const std
   while (drop + 1 < st.mirror.size() && (st.mirror.size() - drop > kMirrorRanges || total > kRangeBytes))
     total -= (int64_t)st.mirror[drop++].bytes->size();
   st.mirror.erase(st.mirror.begin(), st.mirror.begin() + drop);
+}
+
+static bool RawReadsLinear();
+
+bool HostReadable(const StorageState& st, int64_t lo, int64_t hi) {
+  if (HostBytes(st, lo, hi)) return true;
+  constexpr int64_t kSmallView = 64 << 10;
+  return st.buf && hi - lo <= kSmallView && st.nbytes > kMirrorBytes && RawReadsLinear() &&
+         (MirrorValid(st) || st.buf->IsReady());
 }
 
 void ViewByteRange(const at::Tensor& t, int64_t& lo, int64_t& hi) {

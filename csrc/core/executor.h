@@ -44,6 +44,10 @@ void SetHostMirror(StorageState& st, std::shared_ptr<const std::string> bytes);
 // The host copy of bytes [lo, hi) of st's current buffer if a valid host copy
 // (whole or partial) covers them, else nullptr.
 const char* HostBytes(const StorageState& st, int64_t lo, int64_t hi);
+// Whether bytes [lo, hi) of st's current buffer are on the host, or as good
+// as: a small range of a large buffer already computed, which ReadToHost
+// fetches with one small raw transfer, without waiting (printing's slices).
+bool HostReadable(const StorageState& st, int64_t lo, int64_t hi);
 // Bytes [lo, hi) of t's storage that t's elements lie in (lo == hi if empty).
 void ViewByteRange(const at::Tensor& t, int64_t& lo, int64_t& hi);
 // Largest input (elements) an op may have to run in strict mode's host tier:
@@ -105,11 +109,6 @@ class Region {
   bool empty() const { return ops_ == 0 && extra_.empty(); }
   // Nothing recorded at all, not even an argument (op plans start only then).
   bool pristine() const { return empty() && args_.empty() && slots_.empty(); }
-  // Strict mode's host tier (see NativeKernel): the next flush may skip a
-  // program compiled never before and seen for the first time; TookHostTier()
-  // then says the op must run on the host instead.
-  void AllowHostTier() { host_tier_ok_ = true; }
-  bool TookHostTier() { bool r = ran_on_host_; ran_on_host_ = false; return r; }
   uint64_t epoch() const { return epoch_; }
   void CountOp() { ops_++; }
   // Discards the recording (after an error while lowering).
@@ -157,7 +156,6 @@ class Region {
                                              bool wait);
 
  private:
-  bool host_tier_ok_ = false, ran_on_host_ = false;
   Region();
   struct Slot {
     std::weak_ptr<StorageState> st;

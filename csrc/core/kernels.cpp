@@ -162,6 +162,16 @@ static uint64_t Signature(const std::string& name, const std::vector<at::Tensor>
   return h;
 }
 
+// Whether an op with this meta key (argument types, shapes, values) has been
+// seen fewer than HostTierRuns() times before in this process.
+static bool FirstSighting(const std::string& meta_key) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, int> seen;
+  std::lock_guard<std::mutex> g(mu);
+  if (seen.size() > (1u << 18)) seen.clear();
+  return seen[meta_key]++ < HostTierRuns();
+}
+
 // Whether a host copy covers tpu tensor t's elements (its storage's current
 // buffer, not pending in a region): reading it costs no transfer.
 static bool OnHost(const at::Tensor& t) {
@@ -169,7 +179,7 @@ static bool OnHost(const at::Tensor& t) {
   if (st.slot >= 0) return false;
   int64_t lo, hi;
   ViewByteRange(t, lo, hi);
-  return HostBytes(st, lo, hi) != nullptr;
+  return HostReadable(st, lo, hi);
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
@@ -266,9 +276,14 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     HostTierScope scope;
     dst.copy_(host.to(dst.scalar_type()));  // converted on the host, then one upload
   };
-  if (host_tier && r.pristine() && OnHost(self)) {
-    convert_on_host();
-    return dst;
+  if (host_tier && r.pristine()) {
+    std::string key = "aten::_copy_from|" + std::string(c10::toString(self.scalar_type())) + ">" +
+                      c10::toString(dst.scalar_type());
+    for (int64_t d : self.sizes()) key += "," + std::to_string(d);
+    if (FirstSighting(key) || OnHost(self)) {  // as NativeKernel's host tier
+      convert_on_host();
+      return dst;
+    }
   }
   GetMetrics().Native("aten::_copy_from");
   Value v = r.Read(self);
@@ -283,9 +298,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   hlo::Dims d(dst.sizes().begin(), dst.sizes().end());
   v = r.b().BroadcastTo(v, d);
   r.Write(dst, v);
-  if (host_tier) r.AllowHostTier();
   Finish(r, Signature("d2d", {self, dst}));
-  if (host_tier && r.TookHostTier()) convert_on_host();
   return dst;
 }
 
@@ -440,15 +453,6 @@ static void RunOnHost(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
   at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
 }
 
-// Whether an op with this meta key (argument types, shapes, values) has been
-// seen fewer than HostTierRuns() times before in this process.
-static bool FirstSighting(const std::string& meta_key) {
-  static std::mutex mu;
-  static std::unordered_map<std::string, int> seen;
-  std::lock_guard<std::mutex> g(mu);
-  if (seen.size() > (1u << 18)) seen.clear();
-  return seen[meta_key]++ < HostTierRuns();
-}
 
 // Whether every tpu tensor argument has a valid host copy (and there is one):
 // ops on values already on the host (a chain of host-tier results, a tensor
@@ -638,28 +642,28 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
 
   // Strict mode's host tier: an op on values already on the host stays
   // there, before any meta computation or output allocation.
-  const bool host_tier = GetMode() == Mode::Strict && HostTierEligible(name, args);
-  if (host_tier) {
-    std::lock_guard<std::recursive_mutex> g(Region::Lock());
-    if (AllOnHost(args)) {
-      RunOnHost(op, stack, name);
-      return;
-    }
-  }
-
   // 1. Output metadata from PyTorch's meta kernels (also validates input).
   //    Meta kernels can be slow (some are Python); their result depends only
   //    on the arguments' metadata and values, so it is cached per op.
   std::string key;
   std::vector<at::Tensor> flat_inputs;
   MetaKey(schema, name, args, key, flat_inputs);
-  // The host tier's first sightings: an op with these argument types and
-  // shapes seen fewer than HostTierRuns() times runs on the host before any
-  // output metadata, lowering or program text (printing, shapes seen once).
-  if (host_tier && FirstSighting(key)) {
+  // Strict mode's host tier, before any output metadata, lowering or program
+  // text: an op with these argument types and shapes seen fewer than
+  // HostTierRuns() times runs on the host (printing, shapes seen once), and
+  // so does an op on values already on the host. Every sighting counts,
+  // whichever way it ran, so once its inputs come from the device an op seen
+  // often enough compiles at once: a workload's ops all reach the device
+  // together (generate: from the third request on), not one link of a chain
+  // of host values per repetition.
+  const bool host_tier = GetMode() == Mode::Strict && HostTierEligible(name, args);
+  if (host_tier) {
+    const bool first = FirstSighting(key);
     std::lock_guard<std::recursive_mutex> g(Region::Lock());
-    RunOnHost(op, stack, name);
-    return;
+    if (first || AllOnHost(args)) {
+      RunOnHost(op, stack, name);
+      return;
+    }
   }
   const Mode mode = GetMode();
   const bool debug = mode == Mode::Debug;
@@ -800,7 +804,6 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     r.Recover(writing);
     throw;
   }
-  if (host_tier) r.AllowHostTier();
   Region::Record rec;
   if (plan.active) r.RecordNextFlush(&rec);
   try {
@@ -808,10 +811,6 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     else Finish(r, Signature(name, flat_inputs));
   } catch (const pjrt::Error& e) {
     TORCH_CHECK(false, "torchtpu: ", name, " failed on the device: ", e.what());
-  }
-  if (host_tier && r.TookHostTier()) {
-    RunOnHost(op, stack, name);
-    return;
   }
   plan.Finish(plan_key, mr, rec, args, c.args, flat_inputs, outs);
   GetMetrics().Native(name);

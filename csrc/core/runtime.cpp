@@ -179,7 +179,7 @@ const std::string& Runtime::DefaultOptionsFor(const std::string& text) {
              : elementwise;
 }
 
-pjrt::ExecutablePtr Runtime::Executable(const std::string& text, bool first_sight_null) {
+pjrt::ExecutablePtr Runtime::Executable(const std::string& text) {
   {
     std::lock_guard<std::mutex> g(mu_);
     auto it = cache_.find(text);
@@ -189,11 +189,6 @@ pjrt::ExecutablePtr Runtime::Executable(const std::string& text, bool first_sigh
     }
   }
   const std::string& options = DefaultOptionsFor(text);
-  if (first_sight_null && !DiskCacheHas(fingerprint_, text, options)) {
-    std::lock_guard<std::mutex> g(mu_);
-    if (seen_.size() > (1u << 20)) seen_.clear();
-    if (seen_[std::hash<std::string>()(text)]++ < HostTierRuns()) return nullptr;
-  }
   GetMetrics().cache_misses++;
   if (const char* dump = std::getenv("TORCHTPU_DUMP_DIR"); dump && *dump) {
     // every newly compiled program, for debugging

@@ -56,10 +56,7 @@ class Runtime {
   PJRT_Device* device() const { return device_; }
   int64_t device_count() const { return (int64_t)client_->devices().size(); }
   // Compiled executable for module text (in-memory, then on-disk cache).
-  // first_sight_null: a program in neither cache, asked for fewer than
-  // HostTierRuns() times before, is not compiled; nullptr is returned (the
-  // caller runs the op on the host).
-  pjrt::ExecutablePtr Executable(const std::string& text, bool first_sight_null = false);
+  pjrt::ExecutablePtr Executable(const std::string& text);
   pjrt::BufferPtr Upload(const void* data, PJRT_Buffer_Type type, const std::vector<int64_t>& dims,
                          int64_t nbytes);
   // A buffer whose bytes stay on the host until the device needs them
@@ -77,7 +74,6 @@ class Runtime {
   PJRT_Device* device_ = nullptr;
   std::mutex mu_;
   std::unordered_map<std::string, pjrt::ExecutablePtr> cache_;
-  std::unordered_map<size_t, int> seen_;  // program hash -> times skipped (first_sight_null)
   std::string fingerprint_;
 };
 

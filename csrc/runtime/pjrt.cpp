@@ -242,6 +242,18 @@ bool Buffer::IsDeleted() const {
   return a.is_deleted;
 }
 
+bool Buffer::IsReady() const {
+  if (host_resident()) return true;
+  auto a = ARGS(PJRT_Buffer_ReadyEvent);
+  a.buffer = buf_;
+  api_->Check(api_->raw()->PJRT_Buffer_ReadyEvent(&a), "PJRT_Buffer_ReadyEvent");
+  Event ev(api_, a.event);
+  auto r = ARGS(PJRT_Event_IsReady);
+  r.event = a.event;
+  api_->Check(api_->raw()->PJRT_Event_IsReady(&r), "PJRT_Event_IsReady");
+  return r.is_ready;
+}
+
 void Buffer::AwaitReady() const {
   if (host_resident()) return;
   auto a = ARGS(PJRT_Buffer_ReadyEvent);

@@ -72,6 +72,8 @@ class Buffer {
   // it (nothing copied).
   bool RawToHost(void* dst, int64_t offset, int64_t size) const;
   void AwaitReady() const;
+  // Whether the buffer's value has been computed (non-blocking).
+  bool IsReady() const;
   // Marks the buffer consumed (donated); destructor will then only destroy.
   void MarkDonated() { donated_ = true; }
   static int64_t live_buffers();
