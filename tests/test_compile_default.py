@@ -92,6 +92,23 @@ def test_default_compile_dynamic_shapes_run_eagerly_and_correctly():
             torch.testing.assert_close(cf(x.to("tpu")).cpu(), f(x))
 
 
+def test_default_compile_graph_returning_a_size():
+    # A post-grad graph may return a SymInt next to its tensors (dynamic shapes): the size
+    # stays an FX computation, the tensors come from the tpu call (was: AttributeError:
+    # 'SymInt' object has no attribute 'shape' in the device pass).
+    def f(x):
+        return x * 2, x.shape[0] + 1
+
+    cf = torch.compile(f, dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in (3, 5):
+            x = torch.randn(n, 4)
+            out, size = cf(x.to("tpu"))
+            assert size == n + 1
+            torch.testing.assert_close(out.cpu(), x * 2)
+
+
 def test_default_compile_programs_are_not_reused_across_processes(pyrun, tmp_path):
     # Inductor's FX graph cache must not hand a second process wrapper code naming the
     # first process's lowered graphs: two same-shaped functions, compiled in opposite orders.
@@ -171,3 +188,27 @@ def test_generate_compilation_all_outputs():
             for a, b in zip(step_a, step_b):
                 torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-4)
     assert isinstance(out.past_key_values, transformers.StaticCache)
+
+
+def test_generate_compiled_mistral_static_cache():
+    # transformers' test_generate_compilation_all_outputs / test_static_cache_no_recompile_*
+    # on Mistral: the decode step, recompiled with dynamic shapes, returns a SymInt.
+    torch.manual_seed(0)
+    cfg = transformers.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                     max_position_embeddings=256, pad_token_id=0, eos_token_id=1,
+                                     sliding_window=4)
+    cpu = transformers.MistralForCausalLM(cfg).eval()
+    tpu = transformers.MistralForCausalLM(cfg).eval()
+    tpu.load_state_dict(cpu.state_dict())
+    tpu = tpu.to("tpu")
+    ids = torch.randint(3, 128, (2, 5), generator=torch.Generator().manual_seed(2))
+    kw = dict(max_new_tokens=4, do_sample=False, return_dict_in_generate=True, output_scores=True,
+              cache_implementation="static")
+    ref = cpu.generate(ids, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = tpu.generate(ids.to("tpu"), compile_config=transformers.CompileConfig(), **kw)
+    assert torch.equal(out.sequences.cpu(), ref.sequences)
+    for a, b in zip(out.scores, ref.scores):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-4)

@@ -87,6 +87,23 @@ def _prims_to_aten(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+def _size_nodes(outs: list, placeholders: set) -> set:
+    """The nodes that compute the graph's non-tensor outputs (outs) with their ancestors up to
+    the placeholders; they must compute sizes from sizes, not values from tensors."""
+    seen: set = set()
+    todo = list(outs)
+    while todo:
+        n = todo.pop()
+        if n in seen or n in placeholders:
+            continue
+        if isinstance(n.meta.get("val"), torch.Tensor):
+            raise RuntimeError(f"torchtpu: Inductor graph output {outs} is computed from the tensor "
+                               f"{n.name}; use torch.compile(..., backend='tpu')")
+        seen.add(n)
+        todo.extend(n.all_input_nodes)
+    return seen
+
+
 def _replace_graph(gm: torch.fx.GraphModule) -> None:
     """Lowers gm (a post-grad graph) and replaces its body by one torchtpu::inductor_graph call."""
     from . import _compile
@@ -123,8 +140,13 @@ def _replace_graph(gm: torch.fx.GraphModule) -> None:
         if n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0] in ph \
                 and n.args[0] not in mutated:
             mutated.append(n.args[0])
-    # The op returns the computed outputs; an input returned as it is stays the input.
-    returned = [i for i, o in enumerate(outs) if isinstance(o, torch.fx.Node) and o not in ph]
+    # The op returns the computed tensor outputs; an input returned as it is stays the input.
+    returned = [i for i, o in enumerate(outs) if isinstance(o, torch.fx.Node) and o not in ph
+                and isinstance(o.meta.get("val"), torch.Tensor)]
+    # A size the graph returns (a SymInt, e.g. a sequence length under dynamic shapes) stays
+    # an FX computation on the inputs' sizes, kept next to the call.
+    host = _size_nodes([o for o in outs if isinstance(o, torch.fx.Node) and o not in ph
+                        and not isinstance(o.meta.get("val"), torch.Tensor)], ph)
     vals = [outs[i].meta["val"] for i in returned]
     key = f"g{next(_counter)}"
     _GRAPHS[key] = (code, kinds, returned,
@@ -142,7 +164,7 @@ def _replace_graph(gm: torch.fx.GraphModule) -> None:
             item.meta["val"] = vals[k]
             outs[i] = item
     out_node.args = (tuple(outs),)
-    keep = set(placeholders) | {call, out_node} | set(call.users)
+    keep = set(placeholders) | {call, out_node} | set(call.users) | host
     for n in reversed(list(g.nodes)):
         if n not in keep:
             g.erase_node(n)
