@@ -335,8 +335,17 @@ def test_from_pretrained_fp8_moe_stays_packed(fp8_moe_checkpoint, tmp_path):
         got = model(IDS.to("tpu")).logits.float().cpu()
         want = ref(IDS).logits.float()
     torch.testing.assert_close(got, want, rtol=0.02, atol=0.02 * want.abs().max().item())
-    want = ref.generate(IDS, max_new_tokens=8, do_sample=False)
-    got = model.generate(IDS.to("tpu"), max_new_tokens=8, do_sample=False).cpu()
-    assert got.tolist() == want.tolist()
+    # this tiny model repeats one token: the decoding steps' logits are compared too
+    kw = dict(max_new_tokens=8, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    want = ref.generate(IDS, **kw)
+    got = model.generate(IDS.to("tpu"), **kw)
+    assert got.sequences.cpu().tolist() == want.sequences.tolist()
+    for g, w in zip(got.logits, want.logits, strict=True):
+        torch.testing.assert_close(g.float().cpu(), w.float(), rtol=0.02, atol=0.02 * w.abs().max().item())
     assert torchtpu.metrics()["cpu_fallbacks"] == {}
     _assert_saves_checkpoint(model, path, tmp_path)  # per-expert fp8 tensors again
+    # experts the skip list keeps plain while the checkpoint's are quantized: refused, not loaded without scales
+    config = Q.packed_config(path)
+    config.quantization_config["modules_to_not_convert"] = ["lm_head", "model.layers.1.mlp.experts"]
+    with pytest.raises(ValueError, match=r"only in the checkpoint \['model.layers.1.mlp.experts.0.down_proj'"):
+        transformers.AutoModelForCausalLM.from_pretrained(path, config=config, device_map="tpu")

@@ -92,7 +92,7 @@ class _PackedQuantizer(HfQuantizer):
         return self.get_modules_to_not_convert(model, self.quantization_config.modules_to_not_convert,
                                                model._keep_in_fp32_modules)
 
-    def _check_packed(self, checkpoint_files, suffix, packed, experts=()):
+    def _check_packed(self, checkpoint_files, suffix, packed, experts=(), model=None):
         """The checkpoint's scaled tensors (names ending in `suffix`) are
         those of the modules packed from its quantization_config: one loaded
         into a plain module would lose its scales (transformers only warns).
@@ -107,11 +107,21 @@ class _PackedQuantizer(HfQuantizer):
         for f in files:
             with safe_open(f, "pt") as h:
                 scaled.update(k[:-len(suffix)] for k in h.keys() if k.endswith(suffix))
-        if experts:  # per-expert tensors (`...experts.{e}.{proj}`; the model's converters rename and merge them)
-            hit = {k for k in scaled if re.search(r"\.experts\.\d+\.", k)}
-            Q._check(bool(hit), f"packed_config: the checkpoint has no quantized per-expert tensors for "
-                                f"the experts {experts[:3]}")
-            scaled -= hit
+        if experts:  # per-expert tensors `{prefix}.{e}.{proj}`, the prefix as the model's converters rename it
+            from transformers.conversion_mapping import get_model_conversion_mapping
+
+            renamings = get_model_conversion_mapping(model)
+
+            def renamed(name):
+                name += "."
+                for r in renamings:
+                    name, _ = r.rename_source_key(name)
+                return name.removesuffix(".")
+
+            hit = {k: renamed(m.group(1)) for k in scaled if (m := re.match(r"(.*\.experts)\.\d+\.", k))}
+            hit = {k: p for k, p in hit.items() if p in experts}
+            scaled = (scaled - set(hit)) | set(hit.values())
+            packed = [*packed, *experts]
         only_ckpt, only_packed = sorted(scaled - set(packed)), sorted(set(packed) - scaled)
         Q._check(not only_ckpt and not only_packed,
                  f"packed_config: the checkpoint's quantized tensors are not those of the modules its "
@@ -152,7 +162,7 @@ class TpuFp8Quantizer(_PackedQuantizer):
                     setattr(mod, cname, Q.BlockFP8Linear(w, s, (bn, bk), child.bias, qc.activations))
         packed = [n for n, m in model.named_modules() if isinstance(m, Q.BlockFP8Linear)]
         self._check_packed(kwargs.get("checkpoint_files"), ".weight_scale_inv", packed,
-                           [n for n, m in model.named_modules() if isinstance(m, Q.PackedFP8Experts)])
+                           [n for n, m in model.named_modules() if isinstance(m, Q.PackedFP8Experts)], model)
         return model
 
 
