@@ -152,8 +152,9 @@ class TpuFp8Quantizer(_PackedQuantizer):
         for name, mod in list(model.named_modules()):
             for cname, child in list(mod.named_children()):
                 full = f"{name}.{cname}" if name else cname
-                if cname == "experts" and should_convert_module(full, skip):
-                    setattr(mod, cname, _fp8_experts(full, child, block))
+                if (cname == "experts" and should_convert_module(full, skip)
+                        and (stacked := _fp8_experts(full, child, block)) is not None):
+                    setattr(mod, cname, stacked)
                 elif type(child) is torch.nn.Linear and should_convert_module(full, skip):
                     N, K = child.weight.shape
                     bn, bk = getattr(qc, "weight_block_size", None) or (N, K)
@@ -170,10 +171,13 @@ def _fp8_experts(name, experts, block):
     """PackedFP8Experts (on meta) in place of a transformers experts module:
     its parameters have FP8Experts' names, so the model's converters merge the
     checkpoint's per-expert weights and (a copy of them, update_weight_conversions)
-    their weight_scale_inv into them, and split them again on save."""
+    their weight_scale_inv into them, and split them again on save. None for
+    experts that are modules (a ModuleList of MLPs: their linears are packed)."""
     has_gate = getattr(experts, "has_gate", True)
     up = getattr(experts, "gate_up_proj" if has_gate else "up_proj", None)
     down = getattr(experts, "down_proj", None)
+    if not isinstance(up, torch.Tensor) and not isinstance(down, torch.Tensor):
+        return None
     ok = (isinstance(up, torch.Tensor) and isinstance(down, torch.Tensor) and up.dim() == down.dim() == 3
           and not getattr(experts, "is_transposed", False) and not getattr(experts, "has_bias", False)
           and getattr(experts, "is_concatenated", True) and not getattr(experts, "has_post_expert_norm", False))
