@@ -197,3 +197,47 @@ def test_torchao_float8_training_matches_cpu():
     torch.testing.assert_close(runs["tpu"][0], runs["cpu"][0], rtol=1e-5, atol=0)
     for a, b in zip(*(runs[d][1] for d in ("tpu", "cpu"))):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _fp8_blocks(w, bn=128, bk=128):
+    """(..., N, K) -> float8 weight and (..., ceil(N/bn), ceil(K/bk)) f32 block scales (partial blocks at the ends)."""
+    *lead, N, K = w.shape
+    gn, gk = -(-N // bn), -(-K // bk)
+    pad = torch.zeros(*lead, gn * bn, gk * bk)
+    pad[..., :N, :K] = w
+    s = (pad.unflatten(-1, (gk, bk)).unflatten(-3, (gn, bn)).abs().amax((-3, -1)) / 448).clamp(min=1e-12)
+    full = s.repeat_interleave(bn, -2)[..., :N, :].repeat_interleave(bk, -1)[..., :K]
+    return (w / full).to(E4), s, full
+
+
+@pytest.mark.parametrize("T", [1, 6])  # 2 (token, expert) pairs < 4 experts: gathered; 12: grouped
+def test_packed_fp8_experts(T):
+    E, H, I, k = 4, 160, 192, 2  # partial blocks: the gate's and the up's scale rows are concatenated
+    g = torch.Generator().manual_seed(T)
+    gate_q, gate_s, gate_f = _fp8_blocks(torch.randn(E, I, H, generator=g) * 0.1)
+    up_q, up_s, up_f = _fp8_blocks(torch.randn(E, I, H, generator=g) * 0.1)
+    down_q, down_s, down_f = _fp8_blocks(torch.randn(E, H, I, generator=g) * 0.1)
+    gate, up, down = gate_q.float() * gate_f, up_q.float() * up_f, down_q.float() * down_f
+
+    def act(y):
+        a, b = y.chunk(2, -1)
+        return torch.nn.functional.silu(a) * b
+
+    x = torch.randn(T, H, generator=g).bfloat16()
+    idx = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+    wts = torch.rand(T, k, generator=g).softmax(-1)
+    want = torch.zeros(T, H)
+    for t in range(T):
+        for j in range(k):
+            e = idx[t, j]
+            h = act(x[t].float() @ torch.cat([gate[e], up[e]]).T)
+            want[t] += wts[t, j] * (h @ down[e].T)
+    args = (torch.cat([gate_q, up_q], 1), torch.cat([gate_s, up_s], 1), down_q, down_s, (128, 128), act)
+    cpu = Q.PackedFP8Experts(*args)
+    torch.testing.assert_close(cpu.weights("up", dtype=torch.float32), torch.cat([gate, up], 1))
+    torchtpu.reset_metrics()
+    tpu = Q.PackedFP8Experts(*[a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args])
+    got = tpu(x.to("tpu"), idx.to("tpu"), wts.to("tpu")).float().cpu()
+    assert torchtpu.metrics()["cpu_fallbacks"] == {}
+    torch.testing.assert_close(got, want, rtol=0.02, atol=0.02 * want.abs().max().item())
+    torch.testing.assert_close(got, cpu(x, idx, wts).float(), rtol=0.01, atol=0.01 * want.abs().max().item())

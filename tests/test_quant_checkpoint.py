@@ -17,34 +17,71 @@ transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 
-def make_fp8_checkpoint(path):
-    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=384,
-                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=128)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+def _quantize_fp8_blocks(v):
+    """(N, K) -> float8_e4m3fn weight and (ceil(N/128), ceil(K/128)) f32 weight_scale_inv."""
+    N, K = v.shape
+    nb, kb = -(-N // 128), -(-K // 128)
+    pad = torch.zeros(nb * 128, kb * 128)
+    pad[:N, :K] = v.float()
+    s = (pad.view(nb, 128, kb, 128).abs().amax((1, 3)) / 448).clamp(min=1e-12)
+    se = s.repeat_interleave(128, 0)[:N].repeat_interleave(128, 1)[:, :K]
+    return (v.float() / se).clamp(-448, 448).to(torch.float8_e4m3fn), s
+
+
+def _write_fp8_checkpoint(path, cfg, tensors, quantized):
+    """`tensors` (name -> bf16) saved with those `quantized(name, tensor)`
+    picks as fp8 + 128x128 weight_scale_inv, and cfg with transformers'
+    fine-grained FP8 quantization_config; returns the saved tensors."""
     sd = {}
-    for k, v in model.state_dict().items():
-        if k.endswith(".weight") and v.dim() == 2 and "embed" not in k and "lm_head" not in k:
-            N, K = v.shape
-            nb, kb = -(-N // 128), -(-K // 128)
-            pad = torch.zeros(nb * 128, kb * 128)
-            pad[:N, :K] = v.float()
-            s = (pad.view(nb, 128, kb, 128).abs().amax((1, 3)) / 448).clamp(min=1e-12)
-            se = s.repeat_interleave(128, 0)[:N].repeat_interleave(128, 1)[:, :K]
-            sd[k] = (v.float() / se).clamp(-448, 448).to(torch.float8_e4m3fn)
-            sd[k[:-len("weight")] + "weight_scale_inv"] = s
-        elif k != "lm_head.weight" or not cfg.tie_word_embeddings:
+    for k, v in tensors.items():
+        if quantized(k, v):
+            sd[k], sd[k[:-len("weight")] + "weight_scale_inv"] = _quantize_fp8_blocks(v)
+        else:
             sd[k] = v.contiguous()
     os.makedirs(path, exist_ok=True)
     safetensors_torch.save_file(sd, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
     d = cfg.to_dict()
-    d.update(architectures=["LlamaForCausalLM"], torch_dtype="bfloat16",
+    d.update(architectures=cfg.architectures, torch_dtype="bfloat16",
              quantization_config={"quant_method": "fp8", "activation_scheme": "dynamic",
                                   "weight_block_size": [128, 128]})
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(d, f)
     return sd
+
+
+def make_fp8_checkpoint(path):
+    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=384,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=128, architectures=["LlamaForCausalLM"])
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    tensors = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight" or not cfg.tie_word_embeddings}
+    return _write_fp8_checkpoint(path, cfg, tensors, lambda k, v: k.endswith(".weight") and v.dim() == 2
+                                 and "embed" not in k and "lm_head" not in k)
+
+
+def make_fp8_moe_checkpoint(path, tmp):
+    """A tiny Qwen3-MoE in transformers' FP8 layout: per-expert
+    `mlp.experts.{e}.{gate,up,down}_proj.weight` + `weight_scale_inv` (what
+    FineGrainedFP8Config saves; it quantizes only on CUDA/XPU), the router
+    kept bf16. (Block-aligned shapes: transformers' dequantization takes the
+    blocks as rows // scale_rows, not weight_block_size.)"""
+    cfg = transformers.Qwen3MoeConfig(
+        vocab_size=512, hidden_size=256, intermediate_size=384, moe_intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=4, num_experts_per_tok=2,
+        max_position_embeddings=128, architectures=["Qwen3MoeForCausalLM"])
+    torch.manual_seed(0)
+    transformers.Qwen3MoeForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(tmp))  # per-expert names
+    tensors = safetensors_torch.load_file(os.path.join(str(tmp), "model.safetensors"))
+    return _write_fp8_checkpoint(path, cfg, tensors, lambda k, v: k.endswith("proj.weight"))
+
+
+@pytest.fixture(scope="module")
+def fp8_moe_checkpoint(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("fp8moeck"))
+    sd = make_fp8_moe_checkpoint(path, tmp_path_factory.mktemp("fp8moe_bf16"))
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path).eval()  # dequantized on CPU
+    return path, sd, ref
 
 
 @pytest.fixture(scope="module")
@@ -265,3 +302,50 @@ def test_packed_config_checks(fp8_checkpoint, tmp_path):
         g.write(f.read())
     with pytest.raises(ValueError, match=r"only in the checkpoint \['lm_head'\]"):
         _from_pretrained_packed(str(lm))
+
+
+def test_from_pretrained_fp8_moe_stays_packed(fp8_moe_checkpoint, tmp_path):
+    path, sd, ref = fp8_moe_checkpoint
+    model, allocated = _from_pretrained_packed(path)
+    experts = [m for m in model.modules() if isinstance(m, Q.PackedFP8Experts)]
+    assert len(experts) == 2 and len([m for m in model.modules() if isinstance(m, Q.BlockFP8Linear)]) == 8
+    for i, layer in enumerate(model.model.layers):
+        e = layer.mlp.experts
+        assert isinstance(e, Q.PackedFP8Experts)
+        pre = f"model.layers.{i}.mlp.experts"
+        for t in (e.gate_up_proj, e.down_proj, e.gate_up_proj_scale_inv, e.down_proj_scale_inv):
+            assert t.device.type == "tpu"
+        assert e.gate_up_proj.dtype == e.down_proj.dtype == torch.float8_e4m3fn
+        # the checkpoint's per-expert bytes and scales, stacked (gate then up)
+        for name, parts in (("gate_up_proj", ("gate_proj", "up_proj")), ("down_proj", ("down_proj",))):
+            for suffix, got in (("weight", getattr(e, name)), ("weight_scale_inv", getattr(e, name + "_scale_inv"))):
+                want = torch.stack([torch.cat([sd[f"{pre}.{x}.{p}.{suffix}"] for p in parts]) for x in range(4)])
+                assert torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8)), (i, name, suffix)
+        # dequantized, the weights the CPU model (dequantized by transformers) multiplies by
+        want = ref.model.layers[i].mlp.experts
+        assert torch.equal(e.weights("up").cpu(), want.gate_up_proj.detach())
+        assert torch.equal(e.weights("down").cpu(), want.down_proj.detach())
+    # all tpu memory is the model's tensors: fp8 experts and their scales, no bf16 copies
+    assert allocated == _tensor_bytes(model)
+    fp8_bytes = sum(t.nbytes for m in experts for t in m.parameters())
+    bf16_bytes = sum(2 * t.numel() for m in experts for t in (m.gate_up_proj, m.down_proj))
+    assert fp8_bytes < 0.51 * bf16_bytes
+    torchtpu.reset_metrics()
+    with torch.no_grad():  # prefill: 10 (token, expert) pairs > 4 experts, grouped; decoding: 2 pairs, gathered
+        got = model(IDS.to("tpu")).logits.float().cpu()
+        want = ref(IDS).logits.float()
+    torch.testing.assert_close(got, want, rtol=0.02, atol=0.02 * want.abs().max().item())
+    # this tiny model repeats one token: the decoding steps' logits are compared too
+    kw = dict(max_new_tokens=8, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    want = ref.generate(IDS, **kw)
+    got = model.generate(IDS.to("tpu"), **kw)
+    assert got.sequences.cpu().tolist() == want.sequences.tolist()
+    for g, w in zip(got.logits, want.logits, strict=True):
+        torch.testing.assert_close(g.float().cpu(), w.float(), rtol=0.02, atol=0.02 * w.abs().max().item())
+    assert torchtpu.metrics()["cpu_fallbacks"] == {}
+    _assert_saves_checkpoint(model, path, tmp_path)  # per-expert fp8 tensors again
+    # experts the skip list keeps plain while the checkpoint's are quantized: refused, not loaded without scales
+    config = Q.packed_config(path)
+    config.quantization_config["modules_to_not_convert"] = ["lm_head", "model.layers.1.mlp.experts"]
+    with pytest.raises(ValueError, match=r"only in the checkpoint \['model.layers.1.mlp.experts.0.down_proj'"):
+        transformers.AutoModelForCausalLM.from_pretrained(path, config=config, device_map="tpu")

@@ -14,6 +14,8 @@ config (``save_pretrained`` writes a standard checkpoint).
 """
 from __future__ import annotations
 
+import re
+
 import torch
 from transformers import AutoConfig
 from transformers.quantizers import HfQuantizer, register_quantization_config, register_quantizer
@@ -90,10 +92,12 @@ class _PackedQuantizer(HfQuantizer):
         return self.get_modules_to_not_convert(model, self.quantization_config.modules_to_not_convert,
                                                model._keep_in_fp32_modules)
 
-    def _check_packed(self, checkpoint_files, suffix, packed):
+    def _check_packed(self, checkpoint_files, suffix, packed, experts=(), model=None):
         """The checkpoint's scaled tensors (names ending in `suffix`) are
         those of the modules packed from its quantization_config: one loaded
-        into a plain module would lose its scales (transformers only warns)."""
+        into a plain module would lose its scales (transformers only warns).
+        `experts`: packed experts modules, whose checkpoint tensors are per
+        expert (`{name}.{e}.{proj}{suffix}`)."""
         files = [str(f) for f in checkpoint_files or ()]
         if not files or not all(f.endswith(".safetensors") for f in files):
             return
@@ -103,6 +107,21 @@ class _PackedQuantizer(HfQuantizer):
         for f in files:
             with safe_open(f, "pt") as h:
                 scaled.update(k[:-len(suffix)] for k in h.keys() if k.endswith(suffix))
+        if experts:  # per-expert tensors `{prefix}.{e}.{proj}`, the prefix as the model's converters rename it
+            from transformers.conversion_mapping import get_model_conversion_mapping
+
+            renamings = get_model_conversion_mapping(model)
+
+            def renamed(name):
+                name += "."
+                for r in renamings:
+                    name, _ = r.rename_source_key(name)
+                return name.removesuffix(".")
+
+            hit = {k: renamed(m.group(1)) for k in scaled if (m := re.match(r"(.*\.experts)\.\d+\.", k))}
+            hit = {k: p for k, p in hit.items() if p in experts}
+            scaled = (scaled - set(hit)) | set(hit.values())
+            packed = [*packed, *experts]
         only_ckpt, only_packed = sorted(scaled - set(packed)), sorted(set(packed) - scaled)
         Q._check(not only_ckpt and not only_packed,
                  f"packed_config: the checkpoint's quantized tensors are not those of the modules its "
@@ -119,6 +138,9 @@ class _PackedQuantizer(HfQuantizer):
 
 @register_quantizer(FP8_METHOD)
 class TpuFp8Quantizer(_PackedQuantizer):
+    # experts' weight_scale_inv: merged into PackedFP8Experts' *_scale_inv (update_weight_conversions)
+    serialized_names = {"weight": ["weight", "weight_scale_inv"]}
+
     @property
     def quantized_element_size(self):
         return 1
@@ -126,22 +148,53 @@ class TpuFp8Quantizer(_PackedQuantizer):
     def _process_model_before_weight_loading(self, model, **kwargs):
         qc = self.quantization_config
         skip = self._skip(model)
-        experts = [n for n, _ in model.named_modules() if n.endswith(".experts") and should_convert_module(n, skip)]
-        if experts:  # transformers' FP8Experts layout; loading it as plain tensors would drop the scales
-            raise NotImplementedError(f"packed_config: FP8 experts ({experts[0]}, ...) are not supported yet; "
-                                      "use from_pretrained without config= (dequantized to bf16)")
+        block = getattr(qc, "weight_block_size", None)
         for name, mod in list(model.named_modules()):
             for cname, child in list(mod.named_children()):
                 full = f"{name}.{cname}" if name else cname
-                if type(child) is torch.nn.Linear and should_convert_module(full, skip):
+                if (cname == "experts" and should_convert_module(full, skip)
+                        and (stacked := _fp8_experts(full, child, block)) is not None):
+                    setattr(mod, cname, stacked)
+                elif type(child) is torch.nn.Linear and should_convert_module(full, skip):
                     N, K = child.weight.shape
                     bn, bk = getattr(qc, "weight_block_size", None) or (N, K)
                     w = torch.empty(N, K, dtype=torch.float8_e4m3fn, device="meta")
                     s = torch.empty(-(-N // bn), -(-K // bk), dtype=torch.float32, device="meta")
                     setattr(mod, cname, Q.BlockFP8Linear(w, s, (bn, bk), child.bias, qc.activations))
-        self._check_packed(kwargs.get("checkpoint_files"), ".weight_scale_inv",
-                           [n for n, m in model.named_modules() if isinstance(m, Q.BlockFP8Linear)])
+        packed = [n for n, m in model.named_modules() if isinstance(m, Q.BlockFP8Linear)]
+        self._check_packed(kwargs.get("checkpoint_files"), ".weight_scale_inv", packed,
+                           [n for n, m in model.named_modules() if isinstance(m, Q.PackedFP8Experts)], model)
         return model
+
+
+def _fp8_experts(name, experts, block):
+    """PackedFP8Experts (on meta) in place of a transformers experts module:
+    its parameters have FP8Experts' names, so the model's converters merge the
+    checkpoint's per-expert weights and (a copy of them, update_weight_conversions)
+    their weight_scale_inv into them, and split them again on save. None for
+    experts that are modules (a ModuleList of MLPs: their linears are packed)."""
+    has_gate = getattr(experts, "has_gate", True)
+    up = getattr(experts, "gate_up_proj" if has_gate else "up_proj", None)
+    down = getattr(experts, "down_proj", None)
+    if not isinstance(up, torch.Tensor) and not isinstance(down, torch.Tensor):
+        return None
+    ok = (isinstance(up, torch.Tensor) and isinstance(down, torch.Tensor) and up.dim() == down.dim() == 3
+          and not getattr(experts, "is_transposed", False) and not getattr(experts, "has_bias", False)
+          and getattr(experts, "is_concatenated", True) and not getattr(experts, "has_post_expert_norm", False))
+    if not ok:
+        raise NotImplementedError(
+            f"packed_config: FP8 experts {name} ({type(experts).__name__}) are supported in transformers' "
+            "stacked layout (gate_up_proj (E, 2I, H) or up_proj, down_proj (E, H, I); no biases, not transposed)")
+
+    def meta(w, halves):
+        E, N, K = w.shape
+        bn, bk = block or (N // halves, K)
+        gn = -(-(N // halves) // bn) * halves  # a fused gate_up: the gate's blocks, then the up's
+        return (torch.empty(E, N, K, dtype=torch.float8_e4m3fn, device="meta"),
+                torch.empty(E, gn, -(-K // bk), dtype=torch.float32, device="meta"))
+
+    activation = experts._apply_gate if has_gate else experts.act_fn
+    return Q.PackedFP8Experts(*meta(up, 2 if has_gate else 1), *meta(down, 1), block, activation, has_gate)
 
 
 class _MXFP4Loading(torch.nn.Module):

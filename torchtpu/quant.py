@@ -32,7 +32,7 @@ __all__ = [
     "quantize_mx", "dequantize_mx", "mx_matmul",
     "quantize_nvfp4", "dequantize_nvfp4", "nvfp4_matmul", "nvfp4_global_scale",
     "pack_fp4", "unpack_fp4", "QuantLinear", "quantize_linears",
-    "BlockFP8Linear", "dequantize_fp8_blocks", "load_fp8_checkpoint",
+    "BlockFP8Linear", "dequantize_fp8_blocks", "load_fp8_checkpoint", "PackedFP8Experts",
     "PackedMXFP4Experts", "load_mxfp4_checkpoint", "packed_config",
 ]
 
@@ -289,14 +289,16 @@ def quantize_linears(model: torch.nn.Module, fmt: str, skip=("lm_head",)) -> tor
 @_fused
 def dequantize_fp8_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int],
                           dtype=torch.bfloat16) -> torch.Tensor:
-    """float8 weight (N, K) with f32 block scales (ceil(N/bn), ceil(K/bk)) -> dtype."""
-    N, K = weight.shape
+    """float8 weight (..., N, K) with f32 block scales (..., ceil(N/bn), ceil(K/bk)) -> dtype."""
+    *lead, N, K = weight.shape
     bn, bk = block
-    _check(tuple(scale_inv.shape) == (-(-N // bn), -(-K // bk)),
-           f"dequantize_fp8_blocks: scale_inv must have shape {(-(-N // bn), -(-K // bk))} for a "
-           f"({N}, {K}) weight and blocks {tuple(block)}, got {tuple(scale_inv.shape)}")
-    gn, gk = scale_inv.shape
-    s = scale_inv.float()[:, None, :, None].expand(gn, bn, gk, bk).reshape(gn * bn, gk * bk)[:N, :K]
+    want = (*lead, -(-N // bn), -(-K // bk))
+    _check(tuple(scale_inv.shape) == want,
+           f"dequantize_fp8_blocks: scale_inv must have shape {want} for a "
+           f"{tuple(weight.shape)} weight and blocks {tuple(block)}, got {tuple(scale_inv.shape)}")
+    gn, gk = scale_inv.shape[-2:]
+    s = scale_inv.float()[..., :, None, :, None].expand(*lead, gn, bn, gk, bk)
+    s = s.reshape(*lead, gn * bn, gk * bk)[..., :N, :K]
     return (weight.float() * s).to(dtype)
 
 
@@ -346,9 +348,85 @@ def _quantize_fp8_groups(x: torch.Tensor, group: int):
 def load_fp8_checkpoint(path: str, device="tpu", dtype=torch.bfloat16, activations="bf16"):
     """A transformers causal LM saved with a fine-grained FP8 config
     (`quant_method: fp8`, `weight_block_size`), its FP8 linears kept packed
-    as BlockFP8Linear on `device` (a tpu; transformers itself dequantizes them to
+    as BlockFP8Linear and MoE experts as PackedFP8Experts on `device` (a tpu;
+    transformers itself dequantizes them to
     bf16 where it has no fp8 kernels): ``from_pretrained`` with packed_config."""
     return _from_pretrained(path, "fp8", device, dtype, activations=activations)
+
+
+class PackedFP8Experts(torch.nn.Module):
+    """A mixture of experts whose stacked weights stay float8_e4m3fn with f32
+    block scales: transformers' FP8Experts layout (`gate_up_proj` (E, 2I, H)
+    or `up_proj` (E, I, H), `down_proj` (E, H, I), each with a
+    `*_scale_inv` (E, ceil(N/bn), ceil(K/bk)); a fused gate_up's scales are
+    the gate's blocks then the up's, as the loader concatenates them).
+    ``forward(hidden_states (T, H), top_k_index (T, k), top_k_weights (T, k))``
+    runs without host syncs: with fewer (token, expert) pairs than experts
+    (decoding) it dequantizes the pairs' experts and runs two batched
+    matmuls; otherwise it dequantizes all experts and runs two
+    ``torch._grouped_mm`` over the pairs sorted by expert. ``activation``
+    maps the up projection's output (S, 2I) or (S, I) to (S, I) (the
+    model's gate: ``act(gate) * up``)."""
+
+    def __init__(self, up, up_scale_inv, down, down_scale_inv, block_size=None, activation=None,
+                 has_gate=True):
+        super().__init__()
+        for name, w in (("up", up), ("down", down)):
+            _check(w.dtype == torch.float8_e4m3fn and w.dim() == 3,
+                   f"PackedFP8Experts: {name} weights must be (E, N, K) float8_e4m3fn, got {tuple(w.shape)} {w.dtype}")
+        self.num_experts = up.shape[0]
+        self.has_gate = has_gate
+        self.up_name = "gate_up_proj" if has_gate else "up_proj"
+        self.block_size = None if block_size is None else tuple(block_size)
+        self.activation = activation
+        P = functools.partial(torch.nn.Parameter, requires_grad=False)
+        setattr(self, self.up_name, P(up))
+        setattr(self, f"{self.up_name}_scale_inv", P(up_scale_inv))
+        self.down_proj, self.down_proj_scale_inv = P(down), P(down_scale_inv)
+
+    def _dequantized(self, w, s, halves, dtype):
+        N, K = w.shape[-2:]
+        bn, bk = self.block_size or (N // halves, K)
+        if halves == 2 and (N // 2) % bn:  # the gate's and the up's blocks each end in a partial block
+            g = s.shape[-2] // 2
+            return torch.cat([dequantize_fp8_blocks(w[..., :N // 2, :], s[..., :g, :], (bn, bk), dtype),
+                              dequantize_fp8_blocks(w[..., N // 2:, :], s[..., g:, :], (bn, bk), dtype)], -2)
+        return dequantize_fp8_blocks(w, s, (bn, bk), dtype)
+
+    def weights(self, which, experts=None, dtype=torch.bfloat16):
+        """The dequantized (E, N, K) weights of "up" or "down", or those of
+        the experts indexed by `experts` ((S,) -> (S, N, K))."""
+        name = self.up_name if which == "up" else "down_proj"
+        w, s = getattr(self, name), getattr(self, f"{name}_scale_inv")
+        if experts is not None:
+            w, s = w[experts], s[experts]
+        return self._dequantized(w, s, 2 if which == "up" and self.has_gate else 1, dtype)
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        T, H = hidden_states.shape
+        k = top_k_index.shape[-1]
+        S, E, dtype = T * k, self.num_experts, hidden_states.dtype
+        ids = top_k_index.reshape(S)
+        if S < E:  # the pairs' experts only
+            x = hidden_states[:, None, :].expand(T, k, H).reshape(S, H)
+            y = torch.bmm(self.weights("up", ids, dtype), x[:, :, None]).squeeze(-1)
+            y = self.activation(y)
+            y = torch.bmm(self.weights("down", ids, dtype), y[:, :, None]).squeeze(-1)
+        else:  # all experts, pairs grouped by expert
+            ids_g, perm = torch.sort(ids)
+            counts = (ids[:, None] == torch.arange(E, device=ids.device)).sum(0)
+            offs = torch.cumsum(counts, 0, dtype=torch.int32)
+            y = torch._grouped_mm(hidden_states[perm // k], self.weights("up", None, dtype).transpose(-2, -1),
+                                  offs=offs)
+            y = self.activation(y)
+            y = torch._grouped_mm(y, self.weights("down", None, dtype).transpose(-2, -1), offs=offs)
+            y = torch.empty_like(y).index_copy_(0, perm, y)
+        y = y.float() * top_k_weights.reshape(S, 1).float()
+        return y.view(T, k, H).sum(1).to(dtype)
+
+    def extra_repr(self):
+        E, N, K = getattr(self, self.up_name).shape
+        return f"experts={E}, {self.up_name}=({N}, {K}), block_size={self.block_size}"
 
 
 # ---------------------------------------------------------------- MXFP4 (gpt-oss) checkpoints
@@ -394,11 +472,13 @@ def packed_config(path: str, activations: str = "bf16", **kwargs):
     """The config of a transformers FP8 (`quant_method: fp8`) or MXFP4
     (`mxfp4`, gpt-oss) checkpoint, for
     ``AutoModelForCausalLM.from_pretrained(path, config=packed_config(path), device_map="tpu")``
-    to keep the weights packed on tpu (BlockFP8Linear / PackedMXFP4Experts;
+    to keep the weights packed on tpu (BlockFP8Linear, PackedFP8Experts for
+    MoE experts / PackedMXFP4Experts;
     load_fp8_checkpoint / load_mxfp4_checkpoint load this way) instead of
     dequantizing them to bf16. Its quantization_config names torchtpu's
     quantizers (registered with transformers' ``register_quantizer``);
-    ``activations`` as in BlockFP8Linear; ``kwargs`` go to AutoConfig.from_pretrained."""
+    ``activations`` as in BlockFP8Linear (experts stay W8A16); ``kwargs`` go
+    to AutoConfig.from_pretrained."""
     from . import _quant_hf
 
     return _quant_hf.packed_config(path, activations, **kwargs)
