@@ -453,7 +453,6 @@ static void RunOnHost(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
   at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
 }
 
-
 // Whether every tpu tensor argument has a valid host copy (and there is one):
 // ops on values already on the host (a chain of host-tier results, a tensor
 // just printed) stay there, compiling nothing.
@@ -640,11 +639,8 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
                 t.device(), "! (", name, ", argument '", schema.arguments()[i].name(), "')");
   }
 
-  // Strict mode's host tier: an op on values already on the host stays
-  // there, before any meta computation or output allocation.
-  // 1. Output metadata from PyTorch's meta kernels (also validates input).
-  //    Meta kernels can be slow (some are Python); their result depends only
-  //    on the arguments' metadata and values, so it is cached per op.
+  // The meta key: what output metadata (below), op plans and the host tier's
+  // sightings depend on (argument dtypes, sizes, strides, values).
   std::string key;
   std::vector<at::Tensor> flat_inputs;
   MetaKey(schema, name, args, key, flat_inputs);
@@ -680,7 +676,9 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
       plan.active = true;
     }
   }
-  // Debug mode runs the meta kernel uncached and validates against it.
+  // 1. Output metadata from PyTorch's meta kernels (also validates input),
+  //    cached per meta key (some are Python and slow). Debug mode runs the
+  //    meta kernel uncached and validates against it.
   std::shared_ptr<MetaResult> mr = OutputMeta(op, name, args, key, flat_inputs, debug);
   if (debug) DebugBoundsCheck(schema, args);
 
