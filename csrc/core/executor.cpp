@@ -626,7 +626,6 @@ void AppendStorageKey(std::string& key, const at::Tensor& t, const StatePtr& st,
   put(same);
 }
 
-
 static bool MirrorValid(const StorageState& st) {
   if (st.mirror.empty() || !st.buf) return false;
   auto of = st.mirror_of.lock();
@@ -673,7 +672,15 @@ static void AddHostRange(StorageState& st, int64_t lo, std::shared_ptr<const std
   st.mirror.erase(st.mirror.begin(), st.mirror.begin() + drop);
 }
 
-static bool RawReadsLinear();
+// Whether bytes of a 1-D buffer can be read raw (PJRT_Buffer_CopyRawToHost):
+// plugins whose 1-D arrays are laid out linearly (XLA:CPU, CUDA); TPU tiles them.
+static bool RawReadsLinear() {
+  static const bool ok = [] {
+    const std::string p = Runtime::Get().client().platform_name();
+    return p == "cpu" || p == "cuda" || p == "gpu";
+  }();
+  return ok;
+}
 
 bool HostReadable(const StorageState& st, int64_t lo, int64_t hi) {
   if (HostBytes(st, lo, hi)) return true;
@@ -691,15 +698,6 @@ void ViewByteRange(const at::Tensor& t, int64_t& lo, int64_t& hi) {
   hi = (last + 1) * es;
 }
 
-// Whether bytes of a 1-D buffer can be read raw (PJRT_Buffer_CopyRawToHost):
-// plugins whose 1-D arrays are laid out linearly (XLA:CPU, CUDA); TPU tiles them.
-static bool RawReadsLinear() {
-  static const bool ok = [] {
-    const std::string p = Runtime::Get().client().platform_name();
-    return p == "cpu" || p == "cuda" || p == "gpu";
-  }();
-  return ok;
-}
 
 bool& InHostTier() {
   thread_local bool in = false;
@@ -735,25 +733,17 @@ void ReadToHost(const at::Tensor& src, void* dst) {
     int64_t lo, hi;
     ViewByteRange(src, lo, hi);
     const int64_t es = src.element_size();
-    auto from = [&](const char* p, int64_t base) {  // p holds the storage's bytes from `base`
-      at::Tensor host = at::from_blob(const_cast<char*>(p), {(st->nbytes - base) / es},
-                                      src.options().device(c10::kCPU));
+    // the view, from host bytes [base, base + len) of the storage
+    auto from = [&](const char* p, int64_t base, int64_t len) {
+      at::Tensor host = at::from_blob(const_cast<char*>(p), {len / es}, src.options().device(c10::kCPU));
       at::from_blob(dst, src.sizes(), src.options().device(c10::kCPU))
           .copy_(host.as_strided(src.sizes(), src.strides(), src.storage_offset() - base / es));
     };
     if (const char* p = HostBytes(*st, lo, hi)) {
-      from(p, lo);
+      from(p, lo, hi - lo);
       return;
     }
-    if (!whole && st->nbytes <= kMirrorBytes) {
-      at::Tensor host = at::empty({st->numel}, src.options().device(c10::kCPU));
-      GetMetrics().d2h_bytes += st->nbytes;
-      st->buf->ToHost(host.data_ptr(), st->nbytes);
-      SetHostMirror(*st, host.data_ptr(), st->nbytes);
-      from(static_cast<const char*>(host.data_ptr()), 0);
-      return;
-    }
-    if (!whole && hi - lo <= kMirrorBytes && RawReadsLinear()) {
+    if (!whole && st->nbytes > kMirrorBytes && hi - lo <= kMirrorBytes && RawReadsLinear()) {
       // whole 4 KB pages around the view: the neighbouring views and elements
       // a printout reads next come from the same copy
       constexpr int64_t kPage = 4096;
@@ -761,16 +751,17 @@ void ReadToHost(const at::Tensor& src, void* dst) {
       auto bytes = std::make_shared<std::string>(phi - plo, '\0');
       if (plo % es == 0 && st->buf->RawToHost(bytes->data(), plo, phi - plo)) {
         GetMetrics().d2h_bytes += phi - plo;
-        from(bytes->data(), plo);
+        from(bytes->data(), plo, phi - plo);
         AddHostRange(*st, plo, std::move(bytes));
         return;
       }
     }
-    if (!whole && st->nbytes <= kHostViewBytes) {
+    if (!whole && st->nbytes <= kHostViewBytes) {  // the whole storage (a host copy if small)
       at::Tensor host = at::empty({st->numel}, src.options().device(c10::kCPU));
       GetMetrics().d2h_bytes += st->nbytes;
       st->buf->ToHost(host.data_ptr(), st->nbytes);
-      from(static_cast<const char*>(host.data_ptr()), 0);
+      SetHostMirror(*st, host.data_ptr(), st->nbytes);
+      from(static_cast<const char*>(host.data_ptr()), 0, st->nbytes);
       return;
     }
   }

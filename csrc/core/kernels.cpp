@@ -172,8 +172,9 @@ static bool FirstSighting(const std::string& meta_key) {
   return seen[meta_key]++ < HostTierRuns();
 }
 
-// Whether a host copy covers tpu tensor t's elements (its storage's current
-// buffer, not pending in a region): reading it costs no transfer.
+// Whether tpu tensor t's elements are host values (HostReadable: covered by a
+// host copy of its storage's current buffer, or a small view of a large
+// computed one) and not pending in a region.
 static bool OnHost(const at::Tensor& t) {
   const StorageState& st = *GetState(t.storage().unsafeGetStorageImpl());
   if (st.slot >= 0) return false;
@@ -270,18 +271,15 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
                          !self.is_complex() && !dst.is_complex() && self.numel() <= kHostTierMaxElements &&
                          dst.storage_offset() == 0 && dst.is_contiguous() &&
                          dst.numel() * (int64_t)dst.element_size() == (int64_t)dst.storage().nbytes();
-  auto convert_on_host = [&] {
-    GetMetrics().HostTier("aten::_copy_from");
-    at::Tensor host = self.cpu();
-    HostTierScope scope;
-    dst.copy_(host.to(dst.scalar_type()));  // converted on the host, then one upload
-  };
   if (host_tier && r.pristine()) {
     std::string key = "aten::_copy_from|" + std::string(c10::toString(self.scalar_type())) + ">" +
                       c10::toString(dst.scalar_type());
     for (int64_t d : self.sizes()) key += "," + std::to_string(d);
     if (FirstSighting(key) || OnHost(self)) {  // as NativeKernel's host tier
-      convert_on_host();
+      GetMetrics().HostTier("aten::_copy_from");
+      at::Tensor host = self.cpu();
+      HostTierScope scope;
+      dst.copy_(host.to(dst.scalar_type()));  // converted on the host; the result stays there
       return dst;
     }
   }
@@ -400,12 +398,12 @@ static bool EveryTensorArg(const std::vector<c10::IValue>& args, F&& f) {
   return true;
 }
 
-// Strict mode's host tier. An op whose program was never compiled (in
-// neither cache) and is asked for the first time runs on the host through
-// PyTorch's CPU kernel instead of paying an XLA compile (tens of ms) for a
-// shape that may never come back: tensor printing, shapes seen once in test
-// suites and notebooks. After HostTierRuns() such runs (TORCHTPU_HOST_TIER,
-// default 2) the program is compiled as usual.
+// Strict mode's host tier. An op whose meta key was seen fewer than
+// HostTierRuns() times (TORCHTPU_HOST_TIER, default 2; FirstSighting) runs on
+// the host through PyTorch's CPU kernel instead of paying an XLA compile
+// (tens of ms) for a shape that may never come back: tensor printing, shapes
+// seen once in test suites and notebooks; then its program compiles as usual.
+// Ops on host values (AllOnHost) stay on the host.
 // Only small inputs, and only ops whose CPU kernel gives the very same bits
 // as the XLA program (data movement, comparisons, min/max, exact rounding
 // ops; mul/div are one correctly rounded IEEE operation in f32/f64; sums
@@ -453,9 +451,9 @@ static void RunOnHost(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
   at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
 }
 
-// Whether every tpu tensor argument has a valid host copy (and there is one):
-// ops on values already on the host (a chain of host-tier results, a tensor
-// just printed) stay there, compiling nothing.
+// Whether every tpu tensor argument is a host value (OnHost; and there is
+// one): ops on values already on the host (a chain of host-tier results, a
+// tensor being printed) stay there, compiling nothing.
 static bool AllOnHost(const std::vector<c10::IValue>& args) {
   bool any = false;
   auto on_host = [&](const at::Tensor& t) {

@@ -161,6 +161,7 @@ void Buffer::Materialize() const {
 }
 
 bool Buffer::host_resident() const {
+  if (!host_) return false;  // an ordinary buffer (host_ is fixed at construction)
   std::lock_guard<std::mutex> g(mu_);
   return !buf_ && host_;
 }
