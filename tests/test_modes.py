@@ -438,6 +438,7 @@ def test_defer_training_steps_reuse_programs(metrics):
             loss.backward()
             opt.step()
             loss.item()
+            torch.tpu.synchronize()  # the step's compiles (on the compile threads) have finished
             m1 = torchtpu.metrics()
             stats.append({k: m1[k] - m0[k] for k in ("executions", "compiles", "flushes", "programs")})
     # a step is a handful of fused programs, not one per op

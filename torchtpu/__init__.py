@@ -86,6 +86,12 @@ def _register() -> None:
                                                              for_packed_sequence=True, for_storage=True)
         from . import _quant_ops  # noqa: F401  torchtpu:: op schemas, bound natively next
         _C._register_kernels()
+        # At exit, before the interpreter (and then the plugin's own statics) go:
+        # compiles not started are cancelled, running ones finished, queued
+        # launches settled, so no compile thread is inside XLA when it unloads.
+        import atexit
+
+        atexit.register(_C._shutdown)
         # XLA devices compute in bfloat16 natively: make it autocast's default.
         torch.set_autocast_dtype("tpu", torch.bfloat16)
         from . import _compile

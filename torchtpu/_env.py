@@ -35,6 +35,10 @@ CACHE_DIR = _var("TORCHTPU_CACHE_DIR", "~/.cache/torchtpu",
                  "persistent compilation cache directory (default under the user cache dir); '' disables")
 OP_PLANS = _var("TORCHTPU_OP_PLANS", "1",
                  "strict mode replays a repeated op's program and binding with no lowering (0: off)")
+COMPILE_THREADS = _var("TORCHTPU_COMPILE_THREADS", "",
+                        "threads compiling eager programs (default: CPU cores, at most 8; 0: the calling thread)")
+ASYNC_COMPILE = _var("TORCHTPU_ASYNC_COMPILE", "1",
+                     "queue a launch whose program still compiles and dispatch on (0: wait for each compile)")
 CACHE_MAX_BYTES = _var("TORCHTPU_CACHE_MAX_BYTES", "8G", "size bound of the persistent cache (LRU eviction)")
 
 

@@ -37,8 +37,11 @@ void Prune() {
 }
 
 void FlushPending() {
-  std::lock_guard<std::recursive_mutex> g(Region::Lock());
-  if (!Region::Current().empty()) Region::Current().Flush();
+  {
+    std::lock_guard<std::recursive_mutex> g(Region::Lock());
+    if (!Region::Current().empty()) Region::Current().Flush();
+  }
+  DrainLaunches();
 }
 
 void Wait(const CompletionPtr& c) {
@@ -53,10 +56,14 @@ int64_t DoneTime(TpuEvent* e) {
 }
 }  // namespace
 
-void TrackCompletion(std::shared_ptr<pjrt::Event> ev) {
+void TrackCompletion(std::shared_ptr<pjrt::Event> ev) { TrackCompletion(std::move(ev), t_stream); }
+
+int64_t CurrentStreamId() { return t_stream; }
+
+void TrackCompletion(std::shared_ptr<pjrt::Event> ev, int64_t stream) {
   auto c = std::make_shared<Completion>();
   c->ev = std::move(ev);
-  c->stream = t_stream;
+  c->stream = stream;
   {
     std::lock_guard<std::mutex> g(g_mu);
     Prune();
@@ -114,6 +121,7 @@ bool QueryEvent(void* event) {
 void DestroyEvent(void* event) { delete static_cast<TpuEvent*>(event); }
 
 bool QueryStream(const c10::Stream& s) {
+  if (LaunchesQueued()) return false;
   std::lock_guard<std::mutex> g(g_mu);
   for (auto& c : g_inflight)
     if (c->stream == s.id() && c->t.load() == 0) return false;

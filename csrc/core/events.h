@@ -12,6 +12,8 @@
 namespace tt {
 
 void TrackCompletion(std::shared_ptr<pjrt::Event> ev);
+void TrackCompletion(std::shared_ptr<pjrt::Event> ev, int64_t stream);
+int64_t CurrentStreamId();
 
 c10::Stream CurrentStream(c10::DeviceIndex idx);
 c10::Stream NewStream(int priority);

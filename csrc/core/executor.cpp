@@ -7,7 +7,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
+#include <deque>
+#include <thread>
 #include <cstring>
 
 #include "events.h"
@@ -546,7 +549,7 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
     int out_idx = (int)results.size();
     results.push_back(s.v);
     // Donate the old buffer when nothing else can observe it.
-    if (s.arg >= 0 && st->buf && st->buf.use_count() == 2 &&
+    if (s.arg >= 0 && st->buf && OwnRefs(st->buf) == 2 &&
         b_->num_args() > s.arg && Type(st->et, {st->numel}) == s.v.type) {
       b_->SetArgAttr(s.arg, "tf.aliasing_output = " + std::to_string(out_idx) + " : i32");
       donated.push_back(s.arg);
@@ -569,7 +572,8 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
   Reset();
   Runtime& rt = Runtime::Get();
   int64_t t1 = NowNs();
-  pjrt::ExecutablePtr exe = rt.Executable(text);
+  // debug mode and waiting flushes compile here; the rest may queue behind a compile
+  Runtime::ExeFuture exe = wait ? Runtime::Ready(rt.Executable(text)) : rt.ExecutableAsync(text);
   mt.finish_ns += t1 - t0;
   mt.lookup_ns += NowNs() - t1;
   if (rec) {
@@ -581,7 +585,14 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
     rec->donated = donated;
     rec->num_extra = results.size() - n_storage;
   }
-  std::vector<pjrt::BufferPtr> outs = Launch(*exe, args, wait);
+  std::vector<int64_t> out_nbytes;
+  out_nbytes.reserve(results.size());
+  for (auto& v : results) {
+    int64_t n = (int64_t)pjrt::ElementSize(ToPjrt(v.et()));
+    for (int64_t d : v.dims()) n *= d;
+    out_nbytes.push_back(n);
+  }
+  std::vector<pjrt::BufferPtr> outs = Launch(exe, args, wait, out_nbytes);
   TORCH_CHECK(outs.size() == results.size(), "torchtpu: program returned ", outs.size(),
               " results, expected ", results.size());
   for (size_t i = 0; i < n_storage; ++i) {
@@ -594,8 +605,164 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
   return extra_out;
 }
 
-std::vector<pjrt::BufferPtr> Region::Launch(pjrt::Executable& exe, const std::vector<pjrt::BufferPtr>& args,
-                                            bool wait) {
+namespace {
+// ---------------------------------------------------------------- launch queue
+// A program still compiling does not hold up the host: its launch is queued,
+// its results are pending buffers (pjrt::Buffer's third form), and the host
+// goes on recording and dispatching the ops that follow, whose own programs
+// compile meanwhile on the other compile threads. Whatever reads a pending
+// buffer waits for it. Once a launch is queued, every later launch queues
+// behind it until the queue empties, so launches keep program order: a
+// donation never overtakes an earlier read of the buffer it consumes.
+class LaunchQueue {
+ public:
+  static LaunchQueue& Get() {
+    static LaunchQueue* q = new LaunchQueue();  // never destroyed (see the atexit drain)
+    return *q;
+  }
+  struct Task {
+    Runtime::ExeFuture exe;
+    std::vector<pjrt::BufferPtr> args;
+    // results: weak, so that a result nobody holds any more is not kept
+    // (and the donation checks' reference counts stay the program's own)
+    std::vector<std::weak_ptr<pjrt::Buffer>> outs;
+    int64_t stream = 0;
+  };
+  bool busy() const { return queued_.load(std::memory_order_acquire) > 0; }
+  void Push(Task t) {
+    for (auto& a : t.args) a->queued_refs++;
+    std::unique_lock<std::mutex> l(mu_);
+    // bounded: the host may run this many launches ahead of the compiles
+    space_cv_.wait(l, [this] { return q_.size() < kMaxQueued; });
+    q_.push_back(std::move(t));
+    queued_++;
+    cv_.notify_one();
+  }
+  void Drain() {
+    if (busy()) {
+      int64_t t0 = NowNs();
+      std::unique_lock<std::mutex> l(mu_);
+      idle_cv_.wait(l, [this] { return queued_.load() == 0; });
+      GetMetrics().queue_wait_ns += NowNs() - t0;
+    }
+    std::string err;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      err.swap(error_);
+    }
+    if (!err.empty()) throw pjrt::Error(err);
+  }
+
+ private:
+  static constexpr size_t kMaxQueued = 256;
+  LaunchQueue() {
+    std::thread([this] { Run(); }).detach();
+    std::atexit([] {
+      try {
+        Runtime::CancelCompiles();  // queued launches of programs not compiled yet fail at once
+        LaunchQueue::Get().Drain();
+      } catch (...) {
+      }
+    });
+  }
+  void Run() {
+    for (;;) {
+      Task t;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [this] { return !q_.empty(); });
+        t = std::move(q_.front());
+        q_.pop_front();
+      }
+      space_cv_.notify_one();
+      Execute(t);
+      for (auto& a : t.args) a->queued_refs--;  // before the references go (see OwnRefs)
+      t.args.clear();
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        queued_--;
+      }
+      idle_cv_.notify_all();
+    }
+  }
+  void Execute(Task& t) {
+    try {
+      pjrt::ExecutablePtr exe = t.exe.get();  // the compile's error, if any
+      std::vector<PJRT_Buffer*> raw;
+      raw.reserve(t.args.size());
+      for (auto& a : t.args) raw.push_back(a->get());  // an argument's launch's error
+      Metrics& mt = GetMetrics();
+      int64_t t0 = NowNs();
+      std::shared_ptr<pjrt::Event> done;
+      std::vector<pjrt::BufferPtr> outs = exe->Execute(Runtime::Get().device(), raw, {}, false, &done);
+      if (done) TrackCompletion(std::move(done), t.stream);
+      mt.launch_ns += NowNs() - t0;
+      if (outs.size() != t.outs.size())
+        throw pjrt::Error("program returned " + std::to_string(outs.size()) + " results, expected " +
+                          std::to_string(t.outs.size()));
+      for (size_t i = 0; i < outs.size(); ++i)
+        if (auto o = t.outs[i].lock()) o->Resolve(outs[i]->Release());
+    } catch (const std::exception& e) {
+      int code = 2;
+      if (auto* pe = dynamic_cast<const pjrt::Error*>(&e)) code = pe->code();
+      for (auto& w : t.outs)
+        if (auto o = w.lock())
+          if (o->pending()) o->Fail(e.what(), code);
+      std::lock_guard<std::mutex> g(mu_);
+      if (error_.empty()) error_ = e.what();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_, idle_cv_, space_cv_;
+  std::deque<Task> q_;
+  std::atomic<int64_t> queued_{0};  // pushed and not yet launched
+  std::string error_;                // the first error since the last drain
+};
+
+bool AsyncLaunches() {
+  static const bool on = [] {
+    const char* e = std::getenv("TORCHTPU_ASYNC_COMPILE");
+    return Runtime::CompileThreads() > 0 && !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+}  // namespace
+
+bool LaunchesQueued() { return LaunchQueue::Get().busy(); }
+void DrainLaunches() { LaunchQueue::Get().Drain(); }
+
+std::vector<pjrt::BufferPtr> Region::Launch(const Runtime::ExeFuture& exe_f,
+                                            const std::vector<pjrt::BufferPtr>& args, bool wait,
+                                            const std::vector<int64_t>& out_nbytes) {
+  LaunchQueue& q = LaunchQueue::Get();
+  bool ready = exe_f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  if (!wait && AsyncLaunches() && (!ready || q.busy())) {
+    Metrics& mt = GetMetrics();
+    mt.queued_launches++;
+    mt.executions++;  // counted when dispatched, as a direct launch is
+    LaunchQueue::Task t;
+    t.exe = exe_f;
+    t.args = args;
+    t.stream = CurrentStreamId();
+    std::vector<pjrt::BufferPtr> outs;
+    outs.reserve(out_nbytes.size());
+    const pjrt::Api* api = Runtime::Get().client().api();
+    for (int64_t n : out_nbytes) {
+      outs.push_back(std::make_shared<pjrt::Buffer>(api, n, pjrt::Buffer::Pending{}));
+      t.outs.push_back(outs.back());
+    }
+    q.Push(std::move(t));
+    return outs;
+  }
+  if (q.busy()) q.Drain();  // (a synchronous launch keeps program order too)
+  pjrt::ExecutablePtr exe;
+  if (ready) {
+    exe = exe_f.get();
+  } else {
+    int64_t t0 = NowNs();
+    exe = exe_f.get();
+    GetMetrics().queue_wait_ns += NowNs() - t0;
+  }
   Metrics& mt = GetMetrics();
   int64_t t0 = NowNs();
   std::vector<PJRT_Buffer*> raw;
@@ -603,7 +770,7 @@ std::vector<pjrt::BufferPtr> Region::Launch(pjrt::Executable& exe, const std::ve
   for (auto& a : args) raw.push_back(a->get());
   mt.executions++;
   std::shared_ptr<pjrt::Event> done;
-  std::vector<pjrt::BufferPtr> outs = exe.Execute(Runtime::Get().device(), raw, {}, wait, &done);
+  std::vector<pjrt::BufferPtr> outs = exe->Execute(Runtime::Get().device(), raw, {}, wait, &done);
   if (done) TrackCompletion(std::move(done));
   mt.launch_ns += NowNs() - t0;
   return outs;
@@ -616,7 +783,7 @@ void AppendStorageKey(std::string& key, const at::Tensor& t, const StatePtr& st,
   put(st->nbytes);
   put(st->buf ? (int64_t)st->et : -1);
   put(st->buf ? st->numel : -1);
-  put(st->buf && st->buf.use_count() == 1);
+  put(st->buf && OwnRefs(st->buf) == 1);
   int64_t same = -1;
   for (size_t j = 0; j < n_earlier; ++j)
     if (earlier[j] && (earlier[j] == st || (st->buf && earlier[j]->buf == st->buf))) {

@@ -29,6 +29,18 @@ void PushThreadMode(int m);
 void PopThreadMode();
 int GetThreadMode();
 
+// Launches queued behind compiles (see LaunchQueue in executor.cpp).
+bool LaunchesQueued();
+// Waits until every queued launch has been made; throws the first error a
+// queued launch met since the last drain (asynchronous errors, as CUDA's).
+void DrainLaunches();
+// References to buf held by the program's own values (storages, recorded
+// arguments), not by queued launches.
+inline long OwnRefs(const pjrt::BufferPtr& buf) {
+  long n = buf.use_count();  // before queued_refs (the launch queue drops its ref after)
+  return n - buf->queued_refs.load();
+}
+
 hlo::ET ToET(c10::ScalarType t);
 c10::ScalarType ToScalarType(hlo::ET t);
 PJRT_Buffer_Type ToPjrt(hlo::ET t);
@@ -133,7 +145,7 @@ class Region {
       hlo::ET et;
       int64_t numel;
     };
-    pjrt::ExecutablePtr exe;
+    Runtime::ExeFuture exe;  // possibly still compiling
     std::vector<Arg> args;
     std::vector<Target> targets;  // storage results, in result order
     std::vector<int> donated;     // argument indices donated to results
@@ -151,9 +163,13 @@ class Region {
   static std::string ScalarKeyOf(const c10::Scalar& s, hlo::ET et);
   // The cached one-element device buffer of a ScalarKeyOf key.
   static pjrt::BufferPtr KeyedScalarBuffer(const std::string& key, hlo::ET et);
-  // Runs an executable on raw arguments (asynchronous unless wait), counting it.
-  static std::vector<pjrt::BufferPtr> Launch(pjrt::Executable& exe, const std::vector<pjrt::BufferPtr>& args,
-                                             bool wait);
+  // Runs an executable on raw arguments (asynchronous unless wait), counting
+  // it. An executable still compiling, or any launch while one is queued,
+  // goes through the launch queue: the results are pending buffers of
+  // out_nbytes bytes each (see LaunchQueue in executor.cpp).
+  static std::vector<pjrt::BufferPtr> Launch(const Runtime::ExeFuture& exe,
+                                             const std::vector<pjrt::BufferPtr>& args, bool wait,
+                                             const std::vector<int64_t>& out_nbytes);
 
  private:
   Region();

@@ -59,7 +59,7 @@ struct Plan {
     ET et;
     int64_t numel;
   };
-  pjrt::ExecutablePtr exe;
+  Runtime::ExeFuture exe;  // possibly still compiling
   std::vector<Arg> args;
   std::vector<Target> targets;
 };
@@ -241,7 +241,7 @@ std::string SignatureKey(const Graph& g, const std::vector<py::object>& inputs, 
 // output positions; null if some argument or result has another origin.
 std::shared_ptr<Plan> MakePlan(std::string key, const Region::Record& rec, const std::vector<StatePtr>& states,
                                const std::vector<py::object>& inputs, const std::vector<at::Tensor>& results) {
-  if (!rec.exe || rec.num_extra) return nullptr;
+  if (!rec.exe.valid() || rec.num_extra) return nullptr;
   auto plan = std::make_shared<Plan>();
   plan->key = std::move(key);
   plan->exe = rec.exe;
@@ -327,7 +327,10 @@ std::vector<at::Tensor> Replay(Graph& g, const Plan& p, const std::vector<py::ob
   GetMetrics().cache_hits++;
   std::vector<pjrt::BufferPtr> outs;
   try {
-    outs = Region::Launch(*p.exe, args, GetMode() == Mode::Debug);
+    std::vector<int64_t> out_nbytes;
+    out_nbytes.reserve(p.targets.size());
+    for (const Plan::Target& t : p.targets) out_nbytes.push_back(t.numel * (int64_t)pjrt::ElementSize(ToPjrt(t.et)));
+    outs = Region::Launch(p.exe, args, GetMode() == Mode::Debug, out_nbytes);
   } catch (const pjrt::Error& e) {
     TORCH_CHECK(false, "torchtpu.compile: ", e.what());
   }

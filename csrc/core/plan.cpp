@@ -18,7 +18,7 @@ namespace {
 
 struct OpPlan {
   std::shared_ptr<MetaResult> mr;
-  pjrt::ExecutablePtr exe;
+  Runtime::ExeFuture exe;  // possibly still compiling
   struct PArg {
     int input = -1;          // the buffer of flat input `input`'s storage
     int scalar = -1;         // scalars[scalar]'s value
@@ -105,7 +105,7 @@ void PlanRecorder::Finish(const std::string& key, const std::shared_ptr<MetaResu
                           const Region::Record& rec, const std::vector<c10::IValue>& args,
                           const std::vector<ops::Arg>& lowered, const std::vector<at::Tensor>& flat_inputs,
                           const std::vector<at::Tensor>& outs) {
-  if (!active || !rec.exe || rec.num_extra) return;
+  if (!active || !rec.exe.valid() || rec.num_extra) return;
   auto plan = std::make_shared<OpPlan>();
   plan->mr = mr;
   plan->exe = rec.exe;
@@ -214,7 +214,11 @@ bool ReplayPlan(const std::string& key, const c10::FunctionSchema& schema, const
   }
   std::vector<pjrt::BufferPtr> results;
   try {
-    results = Region::Launch(*p->exe, bufs, false);
+    std::vector<int64_t> out_nbytes;
+    out_nbytes.reserve(p->targets.size());
+    for (const OpPlan::Target& t : p->targets)
+      out_nbytes.push_back(t.numel * (int64_t)pjrt::ElementSize(ToPjrt(t.et)));
+    results = Region::Launch(p->exe, bufs, false, out_nbytes);
   } catch (const pjrt::Error& e) {
     TORCH_CHECK(false, "torchtpu: ", name, " failed on the device: ", e.what());
   }

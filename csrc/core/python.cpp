@@ -79,6 +79,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("_push_thread_mode", &tt::PushThreadMode);
   m.def("_pop_thread_mode", &tt::PopThreadMode);
   m.def("_synchronize", []() { tt::SynchronizeDevice(); });
+  m.def("_shutdown", []() {
+    tt::Runtime::CancelCompiles();
+    try {
+      tt::DrainLaunches();
+    } catch (...) {  // an unread queued launch's error: nobody is left to read it
+    }
+  }, py::call_guard<py::gil_scoped_release>());
+  m.def("_launches_queued", &tt::LaunchesQueued, "Whether launches wait behind compiles (strict mode's launch queue)");
   m.def("_flush", []() {
     std::lock_guard<std::recursive_mutex> g(tt::Region::Lock());
     if (!tt::Region::Current().empty()) tt::Region::Current().Flush();
@@ -117,6 +125,9 @@ PYBIND11_MODULE(_C, m) {
     d["compile_seconds"] = mt.compile_ns.load() / 1e9;
     d["cache_load_seconds"] = mt.disk_load_ns.load() / 1e9;
     d["cache_store_seconds"] = mt.disk_store_ns.load() / 1e9;
+    d["compile_threads"] = tt::Runtime::CompileThreads();
+    d["queued_launches"] = mt.queued_launches.load();
+    d["host_wait_seconds"] = mt.HostWaitSeconds();
     d["cache_hits"] = mt.cache_hits.load();
     d["cache_misses"] = mt.cache_misses.load();
     d["disk_cache_hits"] = mt.disk_hits.load();

@@ -7,8 +7,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
+#include <functional>
+#include <thread>
 
 #include "disk_cache.h"
 
@@ -55,6 +59,13 @@ void Metrics::Reset() {
   compiles = 0; cache_hits = 0; cache_misses = 0; disk_hits = 0;
   compile_ns = 0; executions = 0; disk_load_ns = 0; disk_store_ns = 0; h2d_bytes = 0; d2h_bytes = 0;
   finish_ns = 0; lookup_ns = 0; launch_ns = 0;
+  queued_launches = 0; queue_wait_ns = 0; host_build_ns = 0;
+  pending_wait_base = pjrt::Buffer::pending_wait_ns();
+}
+
+double Metrics::HostWaitSeconds() const {
+  return (host_build_ns.load() + queue_wait_ns.load() + pjrt::Buffer::pending_wait_ns() -
+          pending_wait_base.load()) / 1e9;
 }
 
 Runtime& Runtime::Get() {
@@ -179,17 +190,89 @@ const std::string& Runtime::DefaultOptionsFor(const std::string& text) {
              : elementwise;
 }
 
-pjrt::ExecutablePtr Runtime::Executable(const std::string& text) {
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    auto it = cache_.find(text);
-    if (it != cache_.end()) {
-      GetMetrics().cache_hits++;
-      return it->second;
+namespace {
+thread_local bool t_compile_thread = false;
+// Threads that compile (or load from disk) the programs strict mode's ops and
+// regions need, so that the host goes on dispatching while XLA compiles: the
+// executor queues the launch (see LaunchQueue). First in, first out.
+class CompilePool {
+ public:
+  static CompilePool& Get() {
+    static CompilePool* p = [] {
+      auto* q = new CompilePool();  // never destroyed (see Stop)
+      g_compile_pool.store(q);
+      return q;
+    }();
+    return *p;
+  }
+  static std::atomic<CompilePool*> g_compile_pool;
+  void Push(std::function<void(bool cancelled)> job) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      q_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
+  // At exit: jobs not started are cancelled; waits for those running.
+  void Stop() {
+    std::deque<std::function<void(bool)>> left;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      left.swap(q_);
+    }
+    for (auto& j : left) j(true);
+    std::unique_lock<std::mutex> l(mu_);
+    idle_cv_.wait(l, [this] { return running_ == 0; });
+  }
+ private:
+  CompilePool() {
+    for (int i = 0; i < Runtime::CompileThreads(); ++i) std::thread([this] { Run(); }).detach();
+    std::atexit([] { CompilePool::Get().Stop(); });
+  }
+  void Run() {
+    t_compile_thread = true;
+    for (;;) {
+      std::function<void(bool)> job;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [this] { return !q_.empty() && !stopping_; });
+        job = std::move(q_.front());
+        q_.pop_front();
+        running_++;
+      }
+      job(false);
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        running_--;
+      }
+      idle_cv_.notify_all();
     }
   }
+  std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<std::function<void(bool)>> q_;
+  int running_ = 0;
+  bool stopping_ = false;
+};
+std::atomic<CompilePool*> CompilePool::g_compile_pool{nullptr};
+}  // namespace
+
+void Runtime::CancelCompiles() {
+  if (CompilePool* p = CompilePool::g_compile_pool.load()) p->Stop();
+}
+
+int Runtime::CompileThreads() {
+  static const int n = [] {
+    if (const char* e = std::getenv("TORCHTPU_COMPILE_THREADS"); e && *e) return std::max(0, std::atoi(e));
+    return (int)std::min(8u, std::max(1u, std::thread::hardware_concurrency()));
+  }();
+  return n;
+}
+
+pjrt::ExecutablePtr Runtime::Build(const std::string& text) {
   const std::string& options = DefaultOptionsFor(text);
-  GetMetrics().cache_misses++;
   if (const char* dump = std::getenv("TORCHTPU_DUMP_DIR"); dump && *dump) {
     // every newly compiled program, for debugging
     static std::atomic<int> n{0};
@@ -214,6 +297,80 @@ pjrt::ExecutablePtr Runtime::Executable(const std::string& text) {
     DiskCacheStore(*exe, fingerprint_, text, options);
     GetMetrics().disk_store_ns += NowNs() - t1;
   }
+  if (!t_compile_thread) GetMetrics().host_build_ns += NowNs() - t0;
+  return exe;
+}
+
+Runtime::ExeFuture Runtime::ExecutableAsync(const std::string& text) {
+  std::shared_ptr<std::promise<pjrt::ExecutablePtr>> promise;
+  ExeFuture fut;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = cache_.find(text);
+    if (it != cache_.end()) {
+      GetMetrics().cache_hits++;
+      return Ready(it->second);
+    }
+    auto in = inflight_.find(text);
+    if (in != inflight_.end()) {
+      GetMetrics().cache_hits++;
+      return in->second;
+    }
+    GetMetrics().cache_misses++;
+    promise = std::make_shared<std::promise<pjrt::ExecutablePtr>>();
+    fut = promise->get_future().share();
+    inflight_.emplace(text, fut);
+  }
+  auto job = [this, promise, text](bool cancelled) {
+    pjrt::ExecutablePtr exe;
+    try {
+      if (cancelled) throw pjrt::Error("compile cancelled: the process is exiting", 1);
+      exe = Build(text);
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        inflight_.erase(text);
+      }
+      promise->set_exception(std::current_exception());
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      cache_[text] = exe;
+      inflight_.erase(text);
+    }
+    promise->set_value(exe);
+  };
+  if (CompileThreads() == 0) job(false);
+  else CompilePool::Get().Push(std::move(job));
+  return fut;
+}
+
+Runtime::ExeFuture Runtime::Ready(pjrt::ExecutablePtr exe) {
+  std::promise<pjrt::ExecutablePtr> p;
+  p.set_value(std::move(exe));
+  return p.get_future().share();
+}
+
+pjrt::ExecutablePtr Runtime::Executable(const std::string& text) {
+  ExeFuture compiling;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = cache_.find(text);
+    if (it != cache_.end()) {
+      GetMetrics().cache_hits++;
+      return it->second;
+    }
+    auto in = inflight_.find(text);
+    if (in != inflight_.end()) compiling = in->second;
+  }
+  if (compiling.valid()) {
+    GetMetrics().cache_hits++;
+    return compiling.get();
+  }
+  // compiled here, on the calling thread (no wait behind queued compiles)
+  GetMetrics().cache_misses++;
+  pjrt::ExecutablePtr exe = Build(text);
   std::lock_guard<std::mutex> g(mu_);
   cache_[text] = exe;
   return exe;

@@ -2,6 +2,7 @@
 // process's device, the executable cache and the metrics. Torch-free.
 #pragma once
 #include <atomic>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -41,6 +42,16 @@ class Metrics {
   std::atomic<int64_t> h2d_bytes{0}, d2h_bytes{0};
   // host time of flushes: building the module text, finding its executable, launching it
   std::atomic<int64_t> finish_ns{0}, lookup_ns{0}, launch_ns{0};
+  // launches queued behind a compile (see LaunchQueue), and the time the
+  // host waited for queued work (pending buffers, drains)
+  std::atomic<int64_t> queued_launches{0}, queue_wait_ns{0};
+  // compiles and disk loads done on the calling thread, not a compile thread
+  std::atomic<int64_t> host_build_ns{0};
+  // pjrt::Buffer::pending_wait_ns() at the last Reset
+  std::atomic<int64_t> pending_wait_base{0};
+  // Seconds the calling threads spent blocked on programs: compiling or
+  // loading them, waiting for queued launches and their pending results.
+  double HostWaitSeconds() const;
   void Native(const std::string& op) { std::lock_guard<std::mutex> g(mu); native_ops[op]++; }
   void Fallback(const std::string& op) { std::lock_guard<std::mutex> g(mu); fallback_ops[op]++; }
   void HostTier(const std::string& op) { std::lock_guard<std::mutex> g(mu); host_tier_ops[op]++; }
@@ -57,6 +68,16 @@ class Runtime {
   int64_t device_count() const { return (int64_t)client_->devices().size(); }
   // Compiled executable for module text (in-memory, then on-disk cache).
   pjrt::ExecutablePtr Executable(const std::string& text);
+  // The same, without waiting: ready at once when cached in memory, else
+  // loaded or compiled by the compile threads (TORCHTPU_COMPILE_THREADS;
+  // 0: on the calling thread, ready on return). Its error is the compile's.
+  using ExeFuture = std::shared_future<pjrt::ExecutablePtr>;
+  ExeFuture ExecutableAsync(const std::string& text);
+  static ExeFuture Ready(pjrt::ExecutablePtr exe);
+  // Compile threads in use (0: compiles run on the calling thread).
+  static int CompileThreads();
+  // At exit: compiles not started fail ("cancelled"); waits for those running.
+  static void CancelCompiles();
   pjrt::BufferPtr Upload(const void* data, PJRT_Buffer_Type type, const std::vector<int64_t>& dims,
                          int64_t nbytes);
   // A buffer whose bytes stay on the host until the device needs them
@@ -74,7 +95,9 @@ class Runtime {
   PJRT_Device* device_ = nullptr;
   std::mutex mu_;
   std::unordered_map<std::string, pjrt::ExecutablePtr> cache_;
+  std::unordered_map<std::string, ExeFuture> inflight_;  // being compiled
   std::string fingerprint_;
+  pjrt::ExecutablePtr Build(const std::string& text);  // disk cache or compile
 };
 
 int64_t NowNs();

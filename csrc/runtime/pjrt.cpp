@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <thread>
 #include <cstdlib>
@@ -15,6 +16,7 @@ namespace tt::pjrt {
 namespace {
 std::atomic<int64_t> g_live_buffers{0};
 std::atomic<int64_t> g_live_bytes{0};
+std::atomic<int64_t> g_pending_wait_ns{0};
 
 template <typename T>
 T MakeArgs(size_t size) {
@@ -152,18 +154,53 @@ Buffer::Buffer(Client* client, PJRT_Device* device, std::shared_ptr<const std::s
   g_live_bytes += nbytes_;
 }
 
-void Buffer::Materialize() const {
-  std::lock_guard<std::mutex> g(mu_);
-  if (buf_ || !host_) return;
-  BufferPtr up = client_->FromHost(host_->data(), type_, {numel_}, device_, nbytes_);
-  buf_ = up->buf_;
-  up->buf_ = nullptr;  // ours now
+Buffer::Buffer(const Api* api, int64_t nbytes, Pending)
+    : api_(api), buf_(nullptr), nbytes_(nbytes), pending_(true) {
+  g_live_buffers++;
+  g_live_bytes += nbytes_;
 }
 
+PJRT_Buffer* Buffer::Materialize() const {
+  std::unique_lock<std::mutex> l(mu_);
+  if (pending_.load(std::memory_order_acquire)) {
+    auto t0 = std::chrono::steady_clock::now();
+    cv_.wait(l, [this] { return !pending_.load(std::memory_order_acquire); });
+    g_pending_wait_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now() - t0).count();
+  }
+  if (PJRT_Buffer* b = buf_.load(std::memory_order_acquire)) return b;
+  if (!error_.empty()) throw Error(error_, error_code_);
+  if (!host_) throw Error("buffer has no value (deleted)", 9);
+  BufferPtr up = client_->FromHost(host_->data(), type_, {numel_}, device_, nbytes_);
+  PJRT_Buffer* b = up->buf_.exchange(nullptr);  // ours now
+  buf_.store(b, std::memory_order_release);
+  return b;
+}
+
+void Buffer::Resolve(PJRT_Buffer* b) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    buf_.store(b, std::memory_order_release);
+    pending_.store(false, std::memory_order_release);
+  }
+  cv_.notify_all();
+}
+
+void Buffer::Fail(const std::string& msg, int code) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    error_ = msg.empty() ? std::string("launch failed") : msg;
+    error_code_ = code;
+    pending_.store(false, std::memory_order_release);
+  }
+  cv_.notify_all();
+}
+
+int64_t Buffer::pending_wait_ns() { return g_pending_wait_ns.load(); }
+
 bool Buffer::host_resident() const {
-  if (!host_) return false;  // an ordinary buffer (host_ is fixed at construction)
-  std::lock_guard<std::mutex> g(mu_);
-  return !buf_ && host_;
+  // an ordinary buffer (host_ is fixed at construction), or uploaded already
+  return host_ && !buf_.load(std::memory_order_acquire);
 }
 
 namespace {
@@ -212,8 +249,9 @@ class Reaper {
 Buffer::~Buffer() {
   g_live_buffers--;
   g_live_bytes -= nbytes_;
-  if (!buf_) return;
-  Reaper::Get().Push(api_, buf_);
+  PJRT_Buffer* b = buf_.load();
+  if (!b) return;
+  Reaper::Get().Push(api_, b);
 }
 
 int64_t Buffer::live_buffers() { return g_live_buffers.load(); }
@@ -222,7 +260,7 @@ int64_t Buffer::live_bytes() { return g_live_bytes.load(); }
 std::vector<int64_t> Buffer::Dims() const {
   if (host_resident()) return {numel_};
   auto a = ARGS(PJRT_Buffer_Dimensions);
-  a.buffer = buf_;
+  a.buffer = Raw();
   api_->Check(api_->raw()->PJRT_Buffer_Dimensions(&a), "PJRT_Buffer_Dimensions");
   return std::vector<int64_t>(a.dims, a.dims + a.num_dims);
 }
@@ -230,7 +268,7 @@ std::vector<int64_t> Buffer::Dims() const {
 PJRT_Buffer_Type Buffer::ElementType() const {
   if (host_resident()) return type_;
   auto a = ARGS(PJRT_Buffer_ElementType);
-  a.buffer = buf_;
+  a.buffer = Raw();
   api_->Check(api_->raw()->PJRT_Buffer_ElementType(&a), "PJRT_Buffer_ElementType");
   return a.type;
 }
@@ -238,15 +276,16 @@ PJRT_Buffer_Type Buffer::ElementType() const {
 bool Buffer::IsDeleted() const {
   if (host_resident()) return false;
   auto a = ARGS(PJRT_Buffer_IsDeleted);
-  a.buffer = buf_;
+  a.buffer = Raw();
   api_->Check(api_->raw()->PJRT_Buffer_IsDeleted(&a), "PJRT_Buffer_IsDeleted");
   return a.is_deleted;
 }
 
 bool Buffer::IsReady() const {
+  if (pending()) return false;
   if (host_resident()) return true;
   auto a = ARGS(PJRT_Buffer_ReadyEvent);
-  a.buffer = buf_;
+  a.buffer = Raw();
   api_->Check(api_->raw()->PJRT_Buffer_ReadyEvent(&a), "PJRT_Buffer_ReadyEvent");
   Event ev(api_, a.event);
   auto r = ARGS(PJRT_Event_IsReady);
@@ -258,7 +297,7 @@ bool Buffer::IsReady() const {
 void Buffer::AwaitReady() const {
   if (host_resident()) return;
   auto a = ARGS(PJRT_Buffer_ReadyEvent);
-  a.buffer = buf_;
+  a.buffer = Raw();
   api_->Check(api_->raw()->PJRT_Buffer_ReadyEvent(&a), "PJRT_Buffer_ReadyEvent");
   Event ev(api_, a.event);
   ev.Await();
@@ -283,7 +322,7 @@ void Buffer::ToHost(void* dst, size_t size) const {
   layout.tiled.minor_to_major_size = m2m.size();
   layout.tiled.num_tiles = 0;
   auto a = ARGS(PJRT_Buffer_ToHostBuffer);
-  a.src = buf_;
+  a.src = Raw();
   a.host_layout = dims.size() > 1 ? &layout : nullptr;
   a.dst = dst;
   a.dst_size = size;
@@ -299,8 +338,13 @@ bool Buffer::RawToHost(void* dst, int64_t offset, int64_t size) const {
     return true;
   }
   if (!HAS_FN(api_->raw(), PJRT_Buffer_CopyRawToHost)) return false;
+  // The value first: XLA:CPU's raw copy of an output whose execution was
+  // launched a moment ago (its device memory not yet allocated) crashes in
+  // the plugin (CpuRawBuffer::GetOnDeviceSizeInBytes); the copy waits for the
+  // value anyway.
+  AwaitReady();
   auto a = ARGS(PJRT_Buffer_CopyRawToHost);
-  a.buffer = buf_;
+  a.buffer = Raw();
   a.dst = dst;
   a.offset = offset;
   a.transfer_size = size;

@@ -1,6 +1,8 @@
 // PJRT runtime: RAII wrappers over the PJRT C API. Torch-free; every failed
 // call throws tt::pjrt::Error carrying the plugin's message.
 #pragma once
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -50,16 +52,29 @@ class Buffer {
   // results, which printing and other host-side chains read back at once.
   Buffer(Client* client, PJRT_Device* device, std::shared_ptr<const std::string> host,
          PJRT_Buffer_Type type, int64_t numel);
+  // A buffer that a queued launch will produce (the executor's launch queue,
+  // for programs still compiling): every method but nbytes() and IsReady()
+  // waits until Resolve() or Fail() is called, and after Fail() throws.
+  struct Pending {};
+  Buffer(const Api* api, int64_t nbytes, Pending);
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   ~Buffer();
-  // The PJRT buffer (uploading a host-resident buffer's bytes first).
+  // The PJRT buffer (uploading a host-resident buffer's bytes first, waiting
+  // for a pending one).
   PJRT_Buffer* get() const {
-    if (!buf_) Materialize();
-    return buf_;
+    PJRT_Buffer* b = buf_.load(std::memory_order_acquire);
+    return b ? b : Materialize();
   }
   // Whether the bytes are still only on the host.
   bool host_resident() const;
+  // Whether a queued launch has yet to produce this buffer.
+  bool pending() const { return pending_.load(std::memory_order_acquire); }
+  // A pending buffer's value (takes ownership of b) or its launch's error.
+  void Resolve(PJRT_Buffer* b);
+  void Fail(const std::string& msg, int code);
+  // Gives up the PJRT buffer (the caller owns it now; this one holds nothing).
+  PJRT_Buffer* Release() { return buf_.exchange(nullptr); }
   std::vector<int64_t> Dims() const;
   PJRT_Buffer_Type ElementType() const;
   int64_t nbytes() const { return nbytes_; }
@@ -72,16 +87,22 @@ class Buffer {
   // it (nothing copied).
   bool RawToHost(void* dst, int64_t offset, int64_t size) const;
   void AwaitReady() const;
-  // Whether the buffer's value has been computed (non-blocking).
+  // Whether the buffer's value has been computed (non-blocking; false while pending).
   bool IsReady() const;
   // Marks the buffer consumed (donated); destructor will then only destroy.
   void MarkDonated() { donated_ = true; }
+  // References held by queued launches (not by the program's own values):
+  // the executor's donation checks discount them.
+  std::atomic<int> queued_refs{0};
   static int64_t live_buffers();
   static int64_t live_bytes();
+  // Total time threads waited for pending buffers.
+  static int64_t pending_wait_ns();
  private:
-  void Materialize() const;
+  PJRT_Buffer* Materialize() const;  // host-resident: upload; pending: wait
+  PJRT_Buffer* Raw() const { return get(); }
   const Api* api_;
-  mutable PJRT_Buffer* buf_;
+  mutable std::atomic<PJRT_Buffer*> buf_;
   int64_t nbytes_;
   bool donated_ = false;
   // host-resident buffers (see above)
@@ -90,6 +111,11 @@ class Buffer {
   std::shared_ptr<const std::string> host_;
   PJRT_Buffer_Type type_ = PJRT_Buffer_Type_INVALID;
   int64_t numel_ = 0;
+  // pending buffers
+  std::atomic<bool> pending_{false};
+  std::string error_;
+  int error_code_ = 0;
+  mutable std::condition_variable cv_;
   mutable std::mutex mu_;
 };
 using BufferPtr = std::shared_ptr<Buffer>;
