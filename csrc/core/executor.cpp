@@ -573,7 +573,9 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
   Runtime& rt = Runtime::Get();
   int64_t t1 = NowNs();
   // debug mode and waiting flushes compile here; the rest may queue behind a compile
-  Runtime::ExeFuture exe = wait ? Runtime::Ready(rt.Executable(text)) : rt.ExecutableAsync(text);
+  // one eager op's program (strict, debug) may take cheaper compile options
+  const bool op_program = !std::strcmp(reason, "strict") || !std::strcmp(reason, "debug");
+  Runtime::ExeFuture exe = wait ? Runtime::Ready(rt.Executable(text, op_program)) : rt.ExecutableAsync(text, op_program);
   mt.finish_ns += t1 - t0;
   mt.lookup_ns += NowNs() - t1;
   if (rec) {

@@ -44,6 +44,34 @@ PYBIND11_MODULE(_C, m) {
       throw std::runtime_error(std::string("torchtpu: PJRT compile failed: ") + e.what());
     }
   });
+  // Diagnostics (tools/compare_compile_options.py): compiles module text and
+  // runs it on host tensors (one per argument, contiguous), returning each
+  // result's bytes.
+  m.def("_run_program", [](const std::string& text, const std::vector<at::Tensor>& args) {
+    auto& rt = tt::Runtime::Get();
+    std::vector<tt::pjrt::BufferPtr> outs;
+    try {
+      tt::pjrt::ExecutablePtr exe = rt.Executable(text);
+      std::vector<tt::pjrt::BufferPtr> bufs;
+      std::vector<PJRT_Buffer*> raw;
+      for (const at::Tensor& a : args) {
+        at::Tensor c = a.contiguous();
+        bufs.push_back(rt.Upload(c.data_ptr(), tt::ToPjrt(tt::ToET(c.scalar_type())), c.sizes().vec(),
+                                 (int64_t)c.nbytes()));
+        raw.push_back(bufs.back()->get());
+      }
+      outs = exe->Execute(rt.device(), raw, {}, true);
+    } catch (const tt::pjrt::Error& e) {
+      throw std::runtime_error(std::string("torchtpu: _run_program: ") + e.what());
+    }
+    py::list res;
+    for (auto& o : outs) {
+      std::string b((size_t)o->nbytes(), '\0');
+      o->ToHost(b.data(), b.size());
+      res.append(py::bytes(b));
+    }
+    return res;
+  });
   m.def("_register_kernels", &tt::RegisterNativeKernels);
   m.def("_started", &tt::Started);
   m.def("_start", []() {

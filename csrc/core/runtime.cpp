@@ -13,6 +13,7 @@
 #include <deque>
 #include <functional>
 #include <thread>
+#include <unordered_set>
 
 #include "disk_cache.h"
 
@@ -182,12 +183,46 @@ HostTierFloatEnv::~HostTierFloatEnv() {
 int HostTierRuns() { return HostTierRunsVar().load(std::memory_order_relaxed); }
 int SetHostTierRuns(int n) { return HostTierRunsVar().exchange(std::max(0, n)); }
 
-const std::string& Runtime::DefaultOptionsFor(const std::string& text) {
-  static const std::string with_dots = pjrt::DefaultCompileOptions(client_->platform_name(), true),
-                           elementwise = pjrt::DefaultCompileOptions(client_->platform_name(), false);
-  return text.find("dot_general") != std::string::npos || text.find("convolution") != std::string::npos
-             ? with_dots
-             : elementwise;
+namespace {
+// StableHLO ops whose XLA:CPU code is bit-identical with and without the
+// fusion emitters (xla_cpu_use_fusion_emitters=false: the legacy elemental IR
+// emitter). Measured with tools/compare_compile_options.py on the programs of
+// the transformers battery (947) and of a unary/binary op sweep over
+// f32/bf16/f16/f64 with zeros, infinities, NaNs, large, small and subnormal
+// inputs (546). Left out: erf, tan, asinh (their approximations differ),
+// reduce (layer-norm backward's fused reductions differ), and everything not
+// measured (dots, sorts, scatters, windows, random bits, ...).
+bool LegacyEmitterExact(const std::string& text) {
+  static const std::unordered_set<std::string> ok = {
+      "abs", "add", "and", "broadcast_in_dim", "ceil", "compare", "concatenate", "constant", "convert",
+      "cosine", "divide", "dynamic_update_slice", "exponential", "exponential_minus_one", "floor", "iota",
+      "is_finite", "log", "log_plus_one", "logistic", "maximum", "minimum", "multiply", "negate", "not", "or",
+      "power", "remainder", "reshape", "return", "round_nearest_even", "rsqrt", "select", "sign", "sine",
+      "slice", "sqrt", "subtract", "tanh", "transpose", "gather", "pad"};
+  size_t pos = 0;
+  bool any = false;
+  for (;;) {
+    size_t q = text.find("\"stablehlo.", pos);
+    size_t c = text.find("\"chlo.", pos);
+    if (c != std::string::npos && (q == std::string::npos || c < q)) return false;  // chlo: not measured
+    if (q == std::string::npos) return any;
+    size_t b = q + 11, e = text.find('"', b);
+    if (e == std::string::npos || !ok.count(text.substr(b, e - b))) return false;
+    any = true;
+    pos = e;
+  }
+}
+}  // namespace
+
+const std::string& Runtime::DefaultOptionsFor(const std::string& text, bool op_program) {
+  const std::string platform = client_->platform_name();
+  static const std::string with_dots = pjrt::DefaultCompileOptions(platform, true),
+                           elementwise = pjrt::DefaultCompileOptions(platform, false),
+                           legacy = pjrt::DefaultCompileOptions(platform, false, true);
+  if (text.find("dot_general") != std::string::npos || text.find("convolution") != std::string::npos)
+    return with_dots;
+  if (op_program && platform == "cpu" && legacy != elementwise && LegacyEmitterExact(text)) return legacy;
+  return elementwise;
 }
 
 namespace {
@@ -271,8 +306,8 @@ int Runtime::CompileThreads() {
   return n;
 }
 
-pjrt::ExecutablePtr Runtime::Build(const std::string& text) {
-  const std::string& options = DefaultOptionsFor(text);
+pjrt::ExecutablePtr Runtime::Build(const std::string& text, bool op_program) {
+  const std::string& options = DefaultOptionsFor(text, op_program);
   if (const char* dump = std::getenv("TORCHTPU_DUMP_DIR"); dump && *dump) {
     // every newly compiled program, for debugging
     static std::atomic<int> n{0};
@@ -301,7 +336,7 @@ pjrt::ExecutablePtr Runtime::Build(const std::string& text) {
   return exe;
 }
 
-Runtime::ExeFuture Runtime::ExecutableAsync(const std::string& text) {
+Runtime::ExeFuture Runtime::ExecutableAsync(const std::string& text, bool op_program) {
   std::shared_ptr<std::promise<pjrt::ExecutablePtr>> promise;
   ExeFuture fut;
   {
@@ -321,11 +356,11 @@ Runtime::ExeFuture Runtime::ExecutableAsync(const std::string& text) {
     fut = promise->get_future().share();
     inflight_.emplace(text, fut);
   }
-  auto job = [this, promise, text](bool cancelled) {
+  auto job = [this, promise, text, op_program](bool cancelled) {
     pjrt::ExecutablePtr exe;
     try {
       if (cancelled) throw pjrt::Error("compile cancelled: the process is exiting", 1);
-      exe = Build(text);
+      exe = Build(text, op_program);
     } catch (...) {
       {
         std::lock_guard<std::mutex> g(mu_);
@@ -352,7 +387,7 @@ Runtime::ExeFuture Runtime::Ready(pjrt::ExecutablePtr exe) {
   return p.get_future().share();
 }
 
-pjrt::ExecutablePtr Runtime::Executable(const std::string& text) {
+pjrt::ExecutablePtr Runtime::Executable(const std::string& text, bool op_program) {
   ExeFuture compiling;
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -370,7 +405,7 @@ pjrt::ExecutablePtr Runtime::Executable(const std::string& text) {
   }
   // compiled here, on the calling thread (no wait behind queued compiles)
   GetMetrics().cache_misses++;
-  pjrt::ExecutablePtr exe = Build(text);
+  pjrt::ExecutablePtr exe = Build(text, op_program);
   std::lock_guard<std::mutex> g(mu_);
   cache_[text] = exe;
   return exe;

@@ -67,12 +67,14 @@ class Runtime {
   PJRT_Device* device() const { return device_; }
   int64_t device_count() const { return (int64_t)client_->devices().size(); }
   // Compiled executable for module text (in-memory, then on-disk cache).
-  pjrt::ExecutablePtr Executable(const std::string& text);
+  // `op_program`: the program of one eager op (strict or debug mode), which
+  // may take cheaper compile options (see DefaultOptionsFor).
+  pjrt::ExecutablePtr Executable(const std::string& text, bool op_program = false);
   // The same, without waiting: ready at once when cached in memory, else
   // loaded or compiled by the compile threads (TORCHTPU_COMPILE_THREADS;
   // 0: on the calling thread, ready on return). Its error is the compile's.
   using ExeFuture = std::shared_future<pjrt::ExecutablePtr>;
-  ExeFuture ExecutableAsync(const std::string& text);
+  ExeFuture ExecutableAsync(const std::string& text, bool op_program = false);
   static ExeFuture Ready(pjrt::ExecutablePtr exe);
   // Compile threads in use (0: compiles run on the calling thread).
   static int CompileThreads();
@@ -84,8 +86,12 @@ class Runtime {
   // (pjrt::Buffer's host-resident form).
   pjrt::BufferPtr HostResident(std::shared_ptr<const std::string> bytes, PJRT_Buffer_Type type, int64_t numel);
   size_t cache_size();
-  // Compile options for a program: those with dots/convolutions differ (see DefaultCompileOptions).
-  const std::string& DefaultOptionsFor(const std::string& text);
+  // Compile options for a program: those with dots/convolutions differ (see
+  // DefaultCompileOptions). On XLA:CPU an eager op's program made only of ops
+  // whose code the legacy elemental emitter generates bit for bit as the
+  // fusion emitters do compiles without the fusion emitters (~35% less
+  // compile time; tools/compare_compile_options.py is the evidence).
+  const std::string& DefaultOptionsFor(const std::string& text, bool op_program = false);
   void ClearCache();
   std::string fingerprint() const { return fingerprint_; }
  private:
@@ -97,7 +103,7 @@ class Runtime {
   std::unordered_map<std::string, pjrt::ExecutablePtr> cache_;
   std::unordered_map<std::string, ExeFuture> inflight_;  // being compiled
   std::string fingerprint_;
-  pjrt::ExecutablePtr Build(const std::string& text);  // disk cache or compile
+  pjrt::ExecutablePtr Build(const std::string& text, bool op_program);  // disk cache or compile
 };
 
 int64_t NowNs();

@@ -562,7 +562,7 @@ ExecutablePtr Client::Deserialize(const std::string& bytes) {
   return std::make_shared<Executable>(api_, a.loaded_executable);
 }
 
-std::string DefaultCompileOptions(const std::string& platform, bool has_dots) {
+std::string DefaultCompileOptions(const std::string& platform, bool has_dots, bool legacy_emitters) {
   // CompileOptionsProto { executable_build_options (3) { num_replicas (4) = 1,
   //                                                      num_partitions (5) = 1 },
   //                       compile_portable_executable (4) = true }
@@ -583,6 +583,8 @@ std::string DefaultCompileOptions(const std::string& platform, bool has_dots) {
   if (platform == "cpu" && !has_dots && spec.find("xla_cpu_prefer_vector_width") == std::string::npos &&
       __builtin_cpu_supports("avx512f"))
     spec += std::string(spec.empty() ? "" : ",") + "xla_cpu_prefer_vector_width=512";
+  if (platform == "cpu" && legacy_emitters && spec.find("xla_cpu_use_fusion_emitters") == std::string::npos)
+    spec += std::string(spec.empty() ? "" : ",") + "xla_cpu_use_fusion_emitters=false";
   if (!spec.empty()) {
     size_t pos = 0;
     while (pos < spec.size()) {

@@ -197,7 +197,11 @@ class Client {
 // hand-encoded protobuf wire format) for `platform` (PJRT_Client_PlatformName:
 // "cpu", "cuda", "tpu") with the overrides of TORCHTPU_XLA_OPTIONS; `has_dots`:
 // the program holds dot_general or convolution ops.
-std::string DefaultCompileOptions(const std::string& platform = "", bool has_dots = true);
+// `legacy_emitters`: XLA:CPU's elemental IR emitter instead of the fusion
+// emitters (xla_cpu_use_fusion_emitters=false) unless TORCHTPU_XLA_OPTIONS
+// sets that option.
+std::string DefaultCompileOptions(const std::string& platform = "", bool has_dots = true,
+                                  bool legacy_emitters = false);
 
 size_t ElementSize(PJRT_Buffer_Type t);
 
