@@ -619,9 +619,15 @@ namespace {
 class LaunchQueue {
  public:
   static LaunchQueue& Get() {
-    static LaunchQueue* q = new LaunchQueue();  // never destroyed (see the atexit drain)
+    static LaunchQueue* q = [] {
+      auto* n = new LaunchQueue();  // never destroyed (see the atexit drain)
+      created.store(n);
+      return n;
+    }();
     return *q;
   }
+  // The queue if anything ever used it (no thread is started to answer "empty").
+  static std::atomic<LaunchQueue*> created;
   struct Task {
     Runtime::ExeFuture exe;
     std::vector<pjrt::BufferPtr> args;
@@ -720,6 +726,7 @@ class LaunchQueue {
   std::atomic<int64_t> queued_{0};  // pushed and not yet launched
   std::string error_;                // the first error since the last drain
 };
+std::atomic<LaunchQueue*> LaunchQueue::created{nullptr};
 
 bool AsyncLaunches() {
   static const bool on = [] {
@@ -730,8 +737,13 @@ bool AsyncLaunches() {
 }
 }  // namespace
 
-bool LaunchesQueued() { return LaunchQueue::Get().busy(); }
-void DrainLaunches() { LaunchQueue::Get().Drain(); }
+bool LaunchesQueued() {
+  LaunchQueue* q = LaunchQueue::created.load();
+  return q && q->busy();
+}
+void DrainLaunches() {
+  if (LaunchQueue* q = LaunchQueue::created.load()) q->Drain();
+}
 
 std::vector<pjrt::BufferPtr> Region::Launch(const Runtime::ExeFuture& exe_f,
                                             const std::vector<pjrt::BufferPtr>& args, bool wait,
