@@ -87,7 +87,7 @@ class Runtime {
   pjrt::BufferPtr HostResident(std::shared_ptr<const std::string> bytes, PJRT_Buffer_Type type, int64_t numel);
   size_t cache_size();
   // Compile options for a program: those with dots/convolutions differ (see
-  // DefaultCompileOptions). On XLA:CPU an eager op's program made only of ops
+  // DefaultCompileOptions). On XLA:CPU an eager op's small program made only of ops
   // whose code the legacy elemental emitter generates bit for bit as the
   // fusion emitters do compiles without the fusion emitters (~35% less
   // compile time; tools/compare_compile_options.py is the evidence).
