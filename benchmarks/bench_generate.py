@@ -104,8 +104,7 @@ def bench_batch(batch, args, models):
     # op with new shapes on the host its first HostTierRuns() times (generate's
     # growing-length ops see each length once per request) and compiles it the
     # next: the steady state begins after that many requests plus one.
-    host_runs = torchtpu._C._set_host_tier_runs(0)
-    torchtpu._C._set_host_tier_runs(host_runs)
+    host_runs = torchtpu._C._host_tier_runs()
     for c in CONFIGS:
         t = time.perf_counter()
         for w in range(1 + (host_runs if c != "cpu_eager" else 0)):
@@ -154,8 +153,7 @@ def bench_speculative(args, models):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cpu, tpu, _ = models
-    host_runs = torchtpu._C._set_host_tier_runs(0)
-    torchtpu._C._set_host_tier_runs(host_runs)
+    host_runs = torchtpu._C._host_tier_runs()
     cfg = tpu.config.to_dict()
     cfg["num_hidden_layers"] = max(1, cfg["num_hidden_layers"] - 1)
     draft = LlamaForCausalLM(LlamaConfig(**cfg)).eval()

@@ -185,6 +185,7 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   m.def("_set_host_tier_runs", &tt::SetHostTierRuns);
+  m.def("_host_tier_runs", &tt::HostTierRuns, "TORCHTPU_HOST_TIER's value in effect");
   m.def("_set_op_plans", &tt::SetPlansEnabled, "Turns strict mode's op plans on or off; returns the previous setting");
   m.def("_reset_metrics", []() {
     tt::GetMetrics().Reset();
