@@ -122,12 +122,6 @@ void Evict(const std::string& dir) {
 
 }  // namespace
 
-bool DiskCacheHas(const std::string& fp, const std::string& text, const std::string& options) {
-  if (!Enabled()) return false;
-  Key k = MakeKey(fp, text, options);
-  return access((GetConfig().cache_dir + "/" + k.hex() + ".ttx").c_str(), R_OK) == 0;
-}
-
 pjrt::ExecutablePtr DiskCacheLoad(pjrt::Client& client, const std::string& fp, const std::string& text,
                                   const std::string& options) {
   if (!Enabled()) return nullptr;

@@ -8,8 +8,6 @@ namespace tt {
 // Returns nullptr on a miss or when the cache is disabled.
 pjrt::ExecutablePtr DiskCacheLoad(pjrt::Client& client, const std::string& fingerprint,
                                   const std::string& text, const std::string& options);
-// Whether an entry exists (a cheap check; a later load may still reject it).
-bool DiskCacheHas(const std::string& fingerprint, const std::string& text, const std::string& options);
 void DiskCacheStore(const pjrt::Executable& exe, const std::string& fingerprint,
                     const std::string& text, const std::string& options);
 }  // namespace tt

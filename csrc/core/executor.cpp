@@ -608,6 +608,20 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
 }
 
 namespace {
+// Runs exe on args now (asynchronous unless wait), its completion tracked on `stream`.
+std::vector<pjrt::BufferPtr> ExecuteNow(pjrt::Executable& exe, const std::vector<pjrt::BufferPtr>& args,
+                                        bool wait, int64_t stream) {
+  int64_t t0 = NowNs();
+  std::vector<PJRT_Buffer*> raw;
+  raw.reserve(args.size());
+  for (auto& a : args) raw.push_back(a->get());
+  std::shared_ptr<pjrt::Event> done;
+  std::vector<pjrt::BufferPtr> outs = exe.Execute(Runtime::Get().device(), raw, {}, wait, &done);
+  if (done) TrackCompletion(std::move(done), stream);
+  GetMetrics().launch_ns += NowNs() - t0;
+  return outs;
+}
+
 // ---------------------------------------------------------------- launch queue
 // A program still compiling does not hold up the host: its launch is queued,
 // its results are pending buffers (pjrt::Buffer's third form), and the host
@@ -695,16 +709,8 @@ class LaunchQueue {
   }
   void Execute(Task& t) {
     try {
-      pjrt::ExecutablePtr exe = t.exe.get();  // the compile's error, if any
-      std::vector<PJRT_Buffer*> raw;
-      raw.reserve(t.args.size());
-      for (auto& a : t.args) raw.push_back(a->get());  // an argument's launch's error
-      Metrics& mt = GetMetrics();
-      int64_t t0 = NowNs();
-      std::shared_ptr<pjrt::Event> done;
-      std::vector<pjrt::BufferPtr> outs = exe->Execute(Runtime::Get().device(), raw, {}, false, &done);
-      if (done) TrackCompletion(std::move(done), t.stream);
-      mt.launch_ns += NowNs() - t0;
+      // the compile's error, or an argument's launch's error, if any
+      std::vector<pjrt::BufferPtr> outs = ExecuteNow(*t.exe.get(), t.args, false, t.stream);
       if (outs.size() != t.outs.size())
         throw pjrt::Error("program returned " + std::to_string(outs.size()) + " results, expected " +
                           std::to_string(t.outs.size()));
@@ -777,17 +783,8 @@ std::vector<pjrt::BufferPtr> Region::Launch(const Runtime::ExeFuture& exe_f,
     exe = exe_f.get();
     GetMetrics().queue_wait_ns += NowNs() - t0;
   }
-  Metrics& mt = GetMetrics();
-  int64_t t0 = NowNs();
-  std::vector<PJRT_Buffer*> raw;
-  raw.reserve(args.size());
-  for (auto& a : args) raw.push_back(a->get());
-  mt.executions++;
-  std::shared_ptr<pjrt::Event> done;
-  std::vector<pjrt::BufferPtr> outs = exe->Execute(Runtime::Get().device(), raw, {}, wait, &done);
-  if (done) TrackCompletion(std::move(done));
-  mt.launch_ns += NowNs() - t0;
-  return outs;
+  GetMetrics().executions++;
+  return ExecuteNow(*exe, args, wait, CurrentStreamId());
 }
 
 void AppendStorageKey(std::string& key, const at::Tensor& t, const StatePtr& st, const StatePtr* earlier,

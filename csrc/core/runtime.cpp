@@ -242,7 +242,7 @@ bool LegacyEmitterExact(const std::string& text) {
 }  // namespace
 
 const std::string& Runtime::DefaultOptionsFor(const std::string& text, bool op_program) {
-  const std::string platform = client_->platform_name();
+  static const std::string platform = client_->platform_name();
   static const std::string with_dots = pjrt::DefaultCompileOptions(platform, true),
                            elementwise = pjrt::DefaultCompileOptions(platform, false),
                            legacy = pjrt::DefaultCompileOptions(platform, false, true);
@@ -368,16 +368,7 @@ Runtime::ExeFuture Runtime::ExecutableAsync(const std::string& text, bool op_pro
   ExeFuture fut;
   {
     std::lock_guard<std::mutex> g(mu_);
-    auto it = cache_.find(text);
-    if (it != cache_.end()) {
-      GetMetrics().cache_hits++;
-      return Ready(it->second);
-    }
-    auto in = inflight_.find(text);
-    if (in != inflight_.end()) {
-      GetMetrics().cache_hits++;
-      return in->second;
-    }
+    if (Lookup(text, &fut)) return fut;
     GetMetrics().cache_misses++;
     promise = std::make_shared<std::promise<pjrt::ExecutablePtr>>();
     fut = promise->get_future().share();
@@ -408,6 +399,19 @@ Runtime::ExeFuture Runtime::ExecutableAsync(const std::string& text, bool op_pro
   return fut;
 }
 
+bool Runtime::Lookup(const std::string& text, ExeFuture* out) {
+  auto it = cache_.find(text);
+  if (it != cache_.end()) {
+    *out = Ready(it->second);
+  } else {
+    auto in = inflight_.find(text);
+    if (in == inflight_.end()) return false;
+    *out = in->second;
+  }
+  GetMetrics().cache_hits++;
+  return true;
+}
+
 Runtime::ExeFuture Runtime::Ready(pjrt::ExecutablePtr exe) {
   std::promise<pjrt::ExecutablePtr> p;
   p.set_value(std::move(exe));
@@ -415,21 +419,13 @@ Runtime::ExeFuture Runtime::Ready(pjrt::ExecutablePtr exe) {
 }
 
 pjrt::ExecutablePtr Runtime::Executable(const std::string& text, bool op_program) {
-  ExeFuture compiling;
+  ExeFuture found;
+  bool hit;
   {
     std::lock_guard<std::mutex> g(mu_);
-    auto it = cache_.find(text);
-    if (it != cache_.end()) {
-      GetMetrics().cache_hits++;
-      return it->second;
-    }
-    auto in = inflight_.find(text);
-    if (in != inflight_.end()) compiling = in->second;
+    hit = Lookup(text, &found);
   }
-  if (compiling.valid()) {
-    GetMetrics().cache_hits++;
-    return compiling.get();
-  }
+  if (hit) return found.get();  // waits for a compile in flight
   // compiled here, on the calling thread (no wait behind queued compiles)
   GetMetrics().cache_misses++;
   pjrt::ExecutablePtr exe = Build(text, op_program);

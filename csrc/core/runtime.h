@@ -104,6 +104,8 @@ class Runtime {
   std::unordered_map<std::string, ExeFuture> inflight_;  // being compiled
   std::string fingerprint_;
   pjrt::ExecutablePtr Build(const std::string& text, bool op_program);  // disk cache or compile
+  // The executable for text, cached or compiling (mu_ held); false on a miss.
+  bool Lookup(const std::string& text, ExeFuture* out);
 };
 
 int64_t NowNs();

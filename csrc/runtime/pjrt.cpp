@@ -260,7 +260,7 @@ int64_t Buffer::live_bytes() { return g_live_bytes.load(); }
 std::vector<int64_t> Buffer::Dims() const {
   if (host_resident()) return {numel_};
   auto a = ARGS(PJRT_Buffer_Dimensions);
-  a.buffer = Raw();
+  a.buffer = get();
   api_->Check(api_->raw()->PJRT_Buffer_Dimensions(&a), "PJRT_Buffer_Dimensions");
   return std::vector<int64_t>(a.dims, a.dims + a.num_dims);
 }
@@ -268,7 +268,7 @@ std::vector<int64_t> Buffer::Dims() const {
 PJRT_Buffer_Type Buffer::ElementType() const {
   if (host_resident()) return type_;
   auto a = ARGS(PJRT_Buffer_ElementType);
-  a.buffer = Raw();
+  a.buffer = get();
   api_->Check(api_->raw()->PJRT_Buffer_ElementType(&a), "PJRT_Buffer_ElementType");
   return a.type;
 }
@@ -276,7 +276,7 @@ PJRT_Buffer_Type Buffer::ElementType() const {
 bool Buffer::IsDeleted() const {
   if (host_resident()) return false;
   auto a = ARGS(PJRT_Buffer_IsDeleted);
-  a.buffer = Raw();
+  a.buffer = get();
   api_->Check(api_->raw()->PJRT_Buffer_IsDeleted(&a), "PJRT_Buffer_IsDeleted");
   return a.is_deleted;
 }
@@ -285,7 +285,7 @@ bool Buffer::IsReady() const {
   if (pending()) return false;
   if (host_resident()) return true;
   auto a = ARGS(PJRT_Buffer_ReadyEvent);
-  a.buffer = Raw();
+  a.buffer = get();
   api_->Check(api_->raw()->PJRT_Buffer_ReadyEvent(&a), "PJRT_Buffer_ReadyEvent");
   Event ev(api_, a.event);
   auto r = ARGS(PJRT_Event_IsReady);
@@ -297,7 +297,7 @@ bool Buffer::IsReady() const {
 void Buffer::AwaitReady() const {
   if (host_resident()) return;
   auto a = ARGS(PJRT_Buffer_ReadyEvent);
-  a.buffer = Raw();
+  a.buffer = get();
   api_->Check(api_->raw()->PJRT_Buffer_ReadyEvent(&a), "PJRT_Buffer_ReadyEvent");
   Event ev(api_, a.event);
   ev.Await();
@@ -322,7 +322,7 @@ void Buffer::ToHost(void* dst, size_t size) const {
   layout.tiled.minor_to_major_size = m2m.size();
   layout.tiled.num_tiles = 0;
   auto a = ARGS(PJRT_Buffer_ToHostBuffer);
-  a.src = Raw();
+  a.src = get();
   a.host_layout = dims.size() > 1 ? &layout : nullptr;
   a.dst = dst;
   a.dst_size = size;
@@ -344,7 +344,7 @@ bool Buffer::RawToHost(void* dst, int64_t offset, int64_t size) const {
   // value anyway.
   AwaitReady();
   auto a = ARGS(PJRT_Buffer_CopyRawToHost);
-  a.buffer = Raw();
+  a.buffer = get();
   a.dst = dst;
   a.offset = offset;
   a.transfer_size = size;

@@ -100,7 +100,6 @@ class Buffer {
   static int64_t pending_wait_ns();
  private:
   PJRT_Buffer* Materialize() const;  // host-resident: upload; pending: wait
-  PJRT_Buffer* Raw() const { return get(); }
   const Api* api_;
   mutable std::atomic<PJRT_Buffer*> buf_;
   int64_t nbytes_;
