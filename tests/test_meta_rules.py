@@ -1,4 +1,4 @@
-"""C++ output-metadata rules (csrc/core/meta.cpp): the commonest ops get
+"""C++ output-metadata rules (csrc/core/aten/meta.cpp): the commonest ops get
 their output sizes, strides and dtypes from PyTorch's C++ meta functions
 instead of the (Python) registered meta kernels. Debug mode runs both and
 raises on any difference, so running a battery in debug mode checks them."""

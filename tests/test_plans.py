@@ -1,4 +1,4 @@
-"""Strict mode's op plans (csrc/core/plan.h): a repeated op replays the first
+"""Strict mode's op plans (csrc/core/aten/plan.h): a repeated op replays the first
 call's program and binding. A replay must never be stale: every case here
 compares against CPU PyTorch, and against the same run with plans off."""
 import pytest

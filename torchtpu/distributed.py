@@ -9,7 +9,7 @@ Importing torchtpu registers it (``torch.distributed`` is already loaded by
     init_device_mesh("tpu", (2,))
 
 Transport: every collective stages through torch's ProcessGroupGloo on host
-copies (``csrc/core/distributed.cpp``): tpu tensor → host copy → Gloo → copied
+copies (``csrc/core/dist/distributed.cpp``): tpu tensor → host copy → Gloo → copied
 back into the tpu tensor in place. This is correct on every PJRT plugin; it is
 the only path on the XLA CPU plugin, which has no multi-process collectives
 (see docs/design.md, "torch.distributed").

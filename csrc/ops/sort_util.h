@@ -1,4 +1,4 @@
-// Helpers shared by sort.cpp / index2.cpp / shape2.cpp (torch-free).
+// Helpers shared by sort.cpp / index_scatter.cpp (torch-free).
 #pragma once
 #include "registry.h"
 

@@ -6,7 +6,7 @@
 
 #include <atomic>
 
-#include "runtime.h"
+#include "runtime/runtime.h"
 
 namespace tt {
 

@@ -347,7 +347,7 @@ pjrt::ExecutablePtr Runtime::Build(const std::string& text, bool op_program) {
   }
   pjrt::ExecutablePtr exe;
   int64_t t0 = NowNs();
-  exe = DiskCacheLoad(*client_, fingerprint_, text, options);
+  exe = DiskCacheLoad(GetConfig().cache_dir, *client_, fingerprint_, text, options);
   if (exe) {
     GetMetrics().disk_hits++;
     GetMetrics().disk_load_ns += NowNs() - t0;
@@ -356,7 +356,7 @@ pjrt::ExecutablePtr Runtime::Build(const std::string& text, bool op_program) {
     GetMetrics().compiles++;
     GetMetrics().compile_ns += NowNs() - t0;
     int64_t t1 = NowNs();
-    DiskCacheStore(*exe, fingerprint_, text, options);
+    DiskCacheStore(GetConfig().cache_dir, *exe, fingerprint_, text, options);
     GetMetrics().disk_store_ns += NowNs() - t1;
   }
   if (!t_compile_thread) GetMetrics().host_build_ns += NowNs() - t0;

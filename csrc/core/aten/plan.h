@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "../ops/registry.h"
-#include "executor.h"
+#include "ops/registry.h"
+#include "core/exec/executor.h"
 #include "meta.h"
 
 namespace tt {

@@ -9,8 +9,8 @@
 #include <cstring>
 #include <unordered_map>
 
-#include "runtime.h"
-#include "storage.h"
+#include "runtime/runtime.h"
+#include "core/device/storage.h"
 
 namespace tt {
 

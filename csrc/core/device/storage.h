@@ -7,8 +7,8 @@
 
 #include <memory>
 
-#include "../hlo/builder.h"
-#include "../runtime/pjrt.h"
+#include "hlo/builder.h"
+#include "runtime/pjrt.h"
 
 namespace tt {
 

@@ -11,11 +11,11 @@
 #include <map>
 #include <mutex>
 
-#include "events.h"
-#include "executor.h"
-#include "generator.h"
-#include "runtime.h"
-#include "storage.h"
+#include "core/exec/events.h"
+#include "core/exec/executor.h"
+#include "core/device/generator.h"
+#include "runtime/runtime.h"
+#include "core/device/storage.h"
 
 namespace tt {
 

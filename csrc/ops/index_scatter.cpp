@@ -1,6 +1,9 @@
-// Indexing extras: nonzero_static (the static half of nonzero / masked_select /
-// unique, see core/dynamic.cpp), take, put_, index_fill, index_copy,
-// masked_scatter, scatter_reduce, embedding_bag (+ backward).
+// Lowerings built on index-driven scatters of rows or points (RowScatter,
+// PointScatter2 below) and their gathers: take / put_, index_fill,
+// index_copy, masked_scatter (+ backward), scatter_reduce, embedding_bag
+// (+ backwards), and nonzero_static (the static half of nonzero /
+// masked_select / unique, see core/aten/dynamic.cpp). index.cpp has the
+// gather/scatter ops of advanced indexing.
 #include <algorithm>
 #include <cmath>
 

@@ -13,9 +13,9 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "debug.h"
-#include "runtime.h"
-#include "storage.h"
+#include "core/exec/debug.h"
+#include "runtime/runtime.h"
+#include "core/device/storage.h"
 #include <torch/library.h>
 
 namespace tt {

@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "../runtime/pjrt.h"
+#include "pjrt.h"
 
 namespace tt {
 

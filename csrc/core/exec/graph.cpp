@@ -6,9 +6,9 @@
 
 #include <atomic>
 
-#include "../ops/registry.h"
+#include "ops/registry.h"
 #include "executor.h"
-#include "runtime.h"
+#include "runtime/runtime.h"
 
 namespace py = pybind11;
 

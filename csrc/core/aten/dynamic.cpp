@@ -8,8 +8,8 @@
 #include <ATen/ExpandUtils.h>
 #include <torch/library.h>
 
-#include "executor.h"
-#include "runtime.h"
+#include "core/exec/executor.h"
+#include "runtime/runtime.h"
 
 namespace tt {
 namespace {

@@ -24,7 +24,6 @@
 #include <sstream>
 #include <vector>
 
-#include "runtime.h"
 
 namespace tt {
 
@@ -58,7 +57,7 @@ Key MakeKey(const std::string& fp, const std::string& text, const std::string& o
 
 std::atomic<bool> g_unsupported{false};
 
-bool Enabled() { return !GetConfig().cache_dir.empty() && !g_unsupported.load(); }
+bool Enabled(const std::string& dir) { return !dir.empty() && !g_unsupported.load(); }
 
 int64_t MaxBytes() {
   // "1073741824", "512M", "8G"
@@ -122,11 +121,11 @@ void Evict(const std::string& dir) {
 
 }  // namespace
 
-pjrt::ExecutablePtr DiskCacheLoad(pjrt::Client& client, const std::string& fp, const std::string& text,
-                                  const std::string& options) {
-  if (!Enabled()) return nullptr;
+pjrt::ExecutablePtr DiskCacheLoad(const std::string& dir, pjrt::Client& client, const std::string& fp,
+                                  const std::string& text, const std::string& options) {
+  if (!Enabled(dir)) return nullptr;
   Key k = MakeKey(fp, text, options);
-  std::string path = GetConfig().cache_dir + "/" + k.hex() + ".ttx";
+  std::string path = dir + "/" + k.hex() + ".ttx";
   std::ifstream f(path, std::ios::binary);
   if (!f) return nullptr;
   std::string data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -160,9 +159,9 @@ pjrt::ExecutablePtr DiskCacheLoad(pjrt::Client& client, const std::string& fp, c
   }
 }
 
-void DiskCacheStore(const pjrt::Executable& exe, const std::string& fp, const std::string& text,
-                    const std::string& options) {
-  if (!Enabled()) return;
+void DiskCacheStore(const std::string& dir, const pjrt::Executable& exe, const std::string& fp,
+                    const std::string& text, const std::string& options) {
+  if (!Enabled(dir)) return;
   std::string payload;
   try {
     payload = exe.Serialize();
@@ -173,7 +172,6 @@ void DiskCacheStore(const pjrt::Executable& exe, const std::string& fp, const st
     return;
   }
   if (payload.empty()) return;
-  const std::string& dir = GetConfig().cache_dir;
   if (!MakeDirs(dir)) return;
   Key k = MakeKey(fp, text, options);
   std::string path = dir + "/" + k.hex() + ".ttx";

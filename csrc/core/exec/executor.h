@@ -13,10 +13,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "../hlo/builder.h"
-#include "../hlo/views.h"
-#include "runtime.h"
-#include "storage.h"
+#include "hlo/builder.h"
+#include "hlo/views.h"
+#include "runtime/runtime.h"
+#include "core/device/storage.h"
 
 namespace tt {
 

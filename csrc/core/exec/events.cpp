@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "executor.h"
-#include "runtime.h"
+#include "runtime/runtime.h"
 
 namespace tt {
 

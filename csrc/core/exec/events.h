@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "../runtime/pjrt.h"
+#include "runtime/pjrt.h"
 
 namespace tt {
 

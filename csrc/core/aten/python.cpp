@@ -1,14 +1,14 @@
 // The Python extension module torchtpu._C.
 #include <torch/extension.h>
 
-#include "../ops/registry.h"
-#include "debug.h"
-#include "events.h"
-#include "executor.h"
-#include "generator.h"
+#include "ops/registry.h"
+#include "core/exec/debug.h"
+#include "core/exec/events.h"
+#include "core/exec/executor.h"
+#include "core/device/generator.h"
 #include "plan.h"
-#include "runtime.h"
-#include "storage.h"
+#include "runtime/runtime.h"
+#include "core/device/storage.h"
 
 namespace tt {
 void RegisterNativeKernels();

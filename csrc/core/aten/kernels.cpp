@@ -29,14 +29,14 @@
 #include <sstream>
 #include <unordered_set>
 
-#include "../ops/registry.h"
-#include "debug.h"
-#include "events.h"
-#include "executor.h"
+#include "ops/registry.h"
+#include "core/exec/debug.h"
+#include "core/exec/events.h"
+#include "core/exec/executor.h"
 #include "meta.h"
 #include "plan.h"
-#include "runtime.h"
-#include "storage.h"
+#include "runtime/runtime.h"
+#include "core/device/storage.h"
 
 namespace tt {
 

@@ -14,8 +14,8 @@
 #include <cstring>
 
 #include "events.h"
-#include "generator.h"
-#include "runtime.h"
+#include "core/device/generator.h"
+#include "runtime/runtime.h"
 
 namespace tt {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "../hlo/builder.h"
+#include "hlo/builder.h"
 
 namespace tt {
 
