@@ -22,7 +22,7 @@ A record is ``{"variant", "status", "native", "fallbacks", "msg"}`` where status
 ``native`` is True when the tpu call did not use the CPU fallback (``torchtpu.metrics()
 ["cpu_fallbacks"]`` is empty after the call): "matches CPU" through the fallback is not native.
 For ``compiled``, native also needs every captured graph to be lowered into one StableHLO
-program (``torchtpu._compile.stats["graph_fallbacks"]`` unchanged, at least one graph run,
+program (``torchtpu.compile.lower.stats["graph_fallbacks"]`` unchanged, at least one graph run,
 no Dynamo graph break); a graph run eagerly is listed in ``fallbacks`` as
 ``graph:<reason>`` (``graph_break:<reason>``, ``graph:no graph``).
 """
@@ -327,7 +327,7 @@ def _unwrap_dynamo(e: BaseException) -> BaseException:
 
 
 def _compile_stats():
-    from torchtpu import _compile as C
+    from torchtpu.compile import lower as C
     from torch._dynamo.utils import counters
 
     return (dict(C.stats), dict(C._fallback_reasons), dict(counters["graph_break"]))

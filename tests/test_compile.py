@@ -5,7 +5,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torchtpu
-from torchtpu import _compile
+from torchtpu.compile import lower as _compile
 from torchtpu.examples.gpt import GPTConfig, batches, make_model, synthetic_corpus
 
 

@@ -16,15 +16,15 @@ def _C():
 
 
 def _start():
-    import torchtpu
+    from . import _device
 
-    torchtpu._ensure_started()
+    _device.ensure_started()
 
 
 def is_available() -> bool:
-    import torchtpu
+    from . import _device
 
-    return torchtpu._plugin_error is None and bool(torchtpu._plugin_path)
+    return _device.plugin_error is None and bool(_device.plugin_path)
 
 
 def is_initialized() -> bool:
@@ -64,7 +64,7 @@ def set_device(device) -> None:
     Each process drives exactly one device; after the runtime has started the
     only valid index is the one in use (exposed as index 0).
     """
-    import torchtpu
+    from . import _device
 
     idx = _check_index(device)
     if _C()._started():
@@ -75,8 +75,8 @@ def set_device(device) -> None:
         return
     if idx < 0:
         raise ValueError(f"torch.tpu.set_device: invalid device index {idx}")
-    torchtpu._requested_index = idx
-    torchtpu._configure()
+    _device.requested_index = idx
+    _device.configure()
 
 
 class device:

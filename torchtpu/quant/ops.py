@@ -2,6 +2,8 @@
 lowerings (torchtpu._register), which then gives them native tpu kernels."""
 import torch
 
+from .codecs import _dequantize_blocks
+
 _lib = torch.library.Library("torchtpu", "DEF")
 _lib.define(
     "block_scaled_mm(Tensor a, Tensor a_scale, Tensor b, Tensor b_scale, Tensor? global_scale, "
@@ -15,8 +17,6 @@ def _block_scaled_mm_fake(a, a_scale, b, b_scale, global_scale, block_size, out_
 
 @torch.library.impl("torchtpu::block_scaled_mm", "CPU")
 def _block_scaled_mm_cpu(a, a_scale, b, b_scale, global_scale, block_size, out_dtype):
-    from .quant import _dequantize_blocks
-
     da = _dequantize_blocks(a, a_scale, block_size)
     db = _dequantize_blocks(b, b_scale, block_size)
     r = da @ db.T

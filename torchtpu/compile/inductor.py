@@ -29,6 +29,9 @@ import operator
 
 import torch
 
+from . import lower
+from .graph_code import GraphCode
+
 # key -> (GraphCode, placeholder kinds "t"/"i", indices of the outputs the op returns, their metadata)
 _GRAPHS: dict[str, tuple] = {}
 _counter = itertools.count()
@@ -106,9 +109,6 @@ def _size_nodes(outs: list, placeholders: set) -> set:
 
 def _replace_graph(gm: torch.fx.GraphModule) -> None:
     """Lowers gm (a post-grad graph) and replaces its body by one torchtpu::inductor_graph call."""
-    from . import _compile
-    from ._graph_code import GraphCode
-
     g = gm.graph
     placeholders = [n for n in g.nodes if n.op == "placeholder"]
     kinds = []
@@ -124,12 +124,12 @@ def _replace_graph(gm: torch.fx.GraphModule) -> None:
     original = torch.fx.GraphModule(gm, copy.deepcopy(g))
     _prims_to_aten(original)
     try:
-        program = _compile._Lowerer(original).run()
-    except _compile.Unsupported as e:
-        _compile._fall_back(str(e))
+        program = lower._Lowerer(original).run()
+    except lower.Unsupported as e:
+        lower._fall_back(str(e))
         code = GraphCode(original, None, str(e))
     else:
-        _compile.stats["graphs_compiled"] += 1
+        lower.stats["graphs_compiled"] += 1
         code = GraphCode(original, program)
 
     out_node = next(n for n in g.nodes if n.op == "output")
@@ -204,7 +204,10 @@ def _wrapper():
 
 
 def _pass():
-    from torch._inductor.custom_graph_pass import CustomGraphModulePass, get_hash_for_files
+    from torch._inductor.custom_graph_pass import (
+        CustomGraphModulePass,
+        get_hash_for_files,
+    )
 
     class TpuGraphPass(CustomGraphModulePass):
         def __call__(self, gm: torch.fx.GraphModule) -> None:

@@ -29,7 +29,8 @@ from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
 from torch._inductor.output_code import OutputCode
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from . import _compile, cache
+from .. import cache
+from . import lower
 
 
 def _cpu_copy(name: str, v: torch.Tensor) -> tuple:
@@ -66,13 +67,14 @@ def _from_source(src: tuple) -> torch.fx.GraphModule:
 
 
 def _fingerprint() -> str:
-    """What a cached graph depends on besides torch's key: this lowering code and which
+    """What a cached graph depends on besides torch's key: this package's code and which
     ops the C++ core lowers (that decides the decompositions AOTAutograd applies and
     whether a graph lowers at all)."""
-    from . import _C
+    from .. import _C
 
     h = hashlib.sha256()
-    for path in (_compile.__file__, __file__):
+    here = os.path.dirname(__file__)
+    for path in sorted(os.path.join(here, f) for f in os.listdir(here) if f.endswith(".py")):
         with open(path, "rb") as f:
             h.update(f.read())
     h.update(repr(sorted(_C._lowered_ops())).encode())
@@ -114,14 +116,14 @@ class GraphCode(OutputCode):
         cpu_updates = p["cpu_updates"]
         if cpu_updates is not None and not isinstance(cpu_updates[0], torch.fx.GraphModule):
             cpu_updates = (_from_source(cpu_updates[0]),) + tuple(cpu_updates[1:])
-        return _compile._runner(p, cpu_updates, self._eager)
+        return lower._runner(p, cpu_updates, self._eager)
 
     def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
         # loaded from AOTAutograd's cache: the runnable is built on the first call
         if not self._loaded:
             self._loaded = True
-            _compile.stats["graphs_compiled"] += 1
-            _compile.stats["graphs_loaded"] += 1
+            lower.stats["graphs_compiled"] += 1
+            lower.stats["graphs_loaded"] += 1
 
     def prepare_for_serialization(self) -> None:
         # called on a shallow copy of the live object, which keeps running

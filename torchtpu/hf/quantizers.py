@@ -18,11 +18,16 @@ import re
 
 import torch
 from transformers import AutoConfig
-from transformers.quantizers import HfQuantizer, register_quantization_config, register_quantizer
+from transformers.quantizers import (
+    HfQuantizer,
+    register_quantization_config,
+    register_quantizer,
+)
 from transformers.quantizers.quantizers_utils import should_convert_module
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from . import quant as Q
+from ..quant import codecs as _codecs
+from ..quant import modules as Q
 
 FP8_METHOD = "torchtpu_fp8"
 MXFP4_METHOD = "torchtpu_mxfp4"
@@ -79,7 +84,7 @@ def _is_tpu(device):
 def _check_device_map(device_map, what):
     devices = set(device_map.values()) if isinstance(device_map, dict) else {device_map}
     ok = all(_is_tpu(d) for d in devices)
-    Q._check(ok, f"{what}: the packed weights run on tpu; pass device_map='tpu', got {device_map!r}")
+    _codecs._check(ok, f"{what}: the packed weights run on tpu; pass device_map='tpu', got {device_map!r}")
 
 
 class _PackedQuantizer(HfQuantizer):
@@ -123,7 +128,7 @@ class _PackedQuantizer(HfQuantizer):
             scaled = (scaled - set(hit)) | set(hit.values())
             packed = [*packed, *experts]
         only_ckpt, only_packed = sorted(scaled - set(packed)), sorted(set(packed) - scaled)
-        Q._check(not only_ckpt and not only_packed,
+        _codecs._check(not only_ckpt and not only_packed,
                  f"packed_config: the checkpoint's quantized tensors are not those of the modules its "
                  f"quantization_config quantizes: only in the checkpoint {only_ckpt[:3]}, only in the "
                  f"model {only_packed[:3]}")
@@ -240,7 +245,7 @@ class TpuMxfp4Quantizer(_PackedQuantizer):
     def _loading(self, experts):
         if not all(getattr(experts, p, None) is not None for p in self._PROJS):
             return None
-        Q._check(getattr(experts, "is_transposed", False)
+        _codecs._check(getattr(experts, "is_transposed", False)
                  and all(getattr(experts, f"{p}_bias", None) is not None for p in self._PROJS),
                  f"packed_config: MXFP4 experts are supported in gpt-oss' layout (transposed, with "
                  f"biases), not {type(experts).__name__}'s")
@@ -274,7 +279,7 @@ def packed_config(path, activations="bf16", methods=tuple(_NAMES), **kwargs):
     qc = getattr(config, "quantization_config", None) or {}
     qc = dict(qc if isinstance(qc, dict) else qc.to_dict())
     method = qc.get("quant_method")
-    Q._check(method in methods, f"{path} is not a {' or '.join(methods)} checkpoint "
+    _codecs._check(method in methods, f"{path} is not a {' or '.join(methods)} checkpoint "
              f"(quantization_config: {qc or None})")
     qc["quant_method"] = _NAMES[method]
     if method == "fp8":

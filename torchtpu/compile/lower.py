@@ -1,16 +1,10 @@
-"""torch.compile(backend="tpu"): ATen FX graphs lowered to StableHLO.
-
-Dynamo captures the graph, AOTAutograd produces functionalized forward and
-backward ATen graphs, and each graph is handed to the C++ core, which replays
-it through the same lowering registry as eager ops into ONE StableHLO program
-(compiled once, then a cache hit on every call; persistent across restarts
-through the on-disk cache). Input mutations stay in the graph and become
-writes into the input's storage, donated in place.
+"""torch.compile(backend="tpu"), the lowering: an ATen FX graph becomes one
+StableHLO program through the C++ core's lowering registry (the same one eager
+ops use), and the boxed function that runs it. The bottom of torchtpu.compile:
+graph_code, inductor and backend import it; it imports none of them.
 """
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import operator
 import sys
 import warnings
@@ -181,7 +175,7 @@ class _Lowerer:
         return ("n",)  # Layout, Device, MemoryFormat, Generator: not needed by lowerings
 
     def run(self):
-        from . import _C
+        from .. import _C
 
         g = self.gm.graph
         input_ids, nodes, outputs, out_meta, mutations = [], [], [], [], []
@@ -331,91 +325,10 @@ def _fall_back(reason: str) -> None:
     warnings.warn(f"torchtpu.compile: running this graph eagerly ({reason})")
 
 
-_COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd", "c10d_functional")
-
-
-def _is_collective(n: torch.fx.Node) -> bool:
-    return n.op == "call_function" and isinstance(n.target, OpOverload) and \
-        n.target.namespace in _COLLECTIVE_NAMESPACES
-
-
-class _Segment(torch.nn.Module):
-    """A compiled piece of a graph split at its collectives (unboxed calls)."""
-
-    def __init__(self, run, single: bool):
-        super().__init__()
-        self.run, self.single = run, single
-
-    def forward(self, *args):
-        out = self.run(list(args))
-        return out[0] if self.single else tuple(out)
-
-
-def _split_at_collectives(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, int]:
-    """Functional collectives (``_c10d_functional.*``, from DTensor and compiled
-    DDP/FSDP) have no in-program lowering on the Gloo staging transport: the
-    graph is cut around each one; the pieces between them compile to programs
-    and the collectives run eagerly through the process group. Returns the
-    split module and the number of compiled pieces."""
-    from functorch.compile import make_boxed_func
-    from torch.fx.passes.split_module import split_module
-
-    part, parts = 0, {}
-    for n in gm.graph.nodes:
-        if n.op in ("placeholder", "output", "get_attr"):
-            continue
-        if _is_collective(n):
-            parts[n] = part + 1
-            part += 2
-        else:
-            parts[n] = part
-    split = split_module(gm, None, lambda n: parts[n], keep_original_order=True)
-    compiled = 0
-    for name, sub in list(split.named_children()):
-        if any(_is_collective(n) for n in sub.graph.nodes):
-            continue
-        out = next(n for n in sub.graph.nodes if n.op == "output")
-        single = not isinstance(out.args[0], (tuple, list))
-        if single:
-            out.args = ((out.args[0],),)
-            sub.recompile()
-        try:
-            program = _Lowerer(sub).run()
-        except Unsupported as e:
-            _fall_back(f"a piece between collectives: {e}")
-            if single:
-                out.args = (out.args[0][0],)
-                sub.recompile()
-            continue
-        run = _runner(program, program["cpu_updates"], lambda sub=sub: make_boxed_func(sub.forward))
-        setattr(split, name, _Segment(run, single))
-        compiled += 1
-    return split, compiled
-
-
-def _graph_compiler(gm: torch.fx.GraphModule, example_inputs):
-    """AOTAutograd's compiler for each forward/backward/inference graph: a GraphCode."""
-    from ._graph_code import GraphCode
-
-    if any(_is_collective(n) for n in gm.graph.nodes):
-        split, compiled = _split_at_collectives(gm)
-        stats["graphs_split"] += 1
-        stats["graphs_compiled"] += compiled
-        # the split module runs as Python (not cached: GraphCode without a program)
-        return GraphCode(split, None, "split at collectives")
-    try:
-        program = _Lowerer(gm, alias_views=True).run()
-    except Unsupported as e:
-        _fall_back(str(e))
-        return GraphCode(gm, None, str(e))
-    stats["graphs_compiled"] += 1
-    return GraphCode(gm, program)
-
-
 def _runner(program: dict, cpu_updates, make_eager):
     """The boxed function running a lowered graph (built on a GraphCode's first call);
     make_eager() gives the eager fallback for a graph a lowering rejects."""
-    from . import _C
+    from .. import _C
 
     graph = _C._build_graph(str(id(program)), *program["build"])
     consts = program["constants"]
@@ -468,102 +381,15 @@ def _decomposition_table() -> dict:
     if _decomps is None:
         from torch._decomp import core_aten_decompositions
 
-        from . import _C
+        from .. import _C
 
         _decomps = {op: fn for op, fn in core_aten_decompositions().items()
                     if not (isinstance(op, OpOverload) and _C._has_lowering(op_name(op)))}
     return _decomps
 
 
-_AOT_COUNTERS = {"autograd_cache_hit": "aot_cache_hits", "autograd_cache_miss": "aot_cache_misses",
-                 "autograd_cache_bypass": "aot_cache_bypasses"}
-
-
-def backend(gm, example_inputs, **kwargs):
-    """The Dynamo backend registered as "tpu".
-
-    With the persistent cache on, AOTAutograd's own cache stores each graph's
-    result (a GraphCode) under TORCHTPU_CACHE_DIR, so a restart skips tracing."""
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._dynamo.utils import counters
-    from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
-
-    from ._graph_code import GraphCode, aot_cache_scope
-
-    with aot_cache_scope() as cached:
-        # a new AotAutograd per graph: it wraps its backward compiler on every call
-        fw = SerializableAOTDispatchCompiler(GraphCode, _graph_compiler) if cached else _graph_compiler
-        aot = aot_autograd(fw_compiler=fw, bw_compiler=_graph_compiler, decompositions=_decomposition_table(),
-                           keep_inference_input_mutations=True)
-        before = {k: counters["aot_autograd"][k] for k in _AOT_COUNTERS}
-        try:
-            return aot(gm, example_inputs, **kwargs)
-        finally:
-            for k, name in _AOT_COUNTERS.items():
-                stats[name] += counters["aot_autograd"][k] - before[k]
-
-
-_REGISTRY = "torch._dynamo.backends.registry"
-_INDUCTOR = "torch._inductor.compile_fx"
-
-
-def _register_now() -> None:
-    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
-
-    if "tpu" not in _COMPILER_FNS:
-        register_backend(name="tpu")(backend)
-
-
-def _register_inductor() -> None:
-    from . import _inductor
-
-    _inductor.register()
-
-
-# module -> what registers with it once it is imported
-_HOOKS = {_REGISTRY: _register_now, _INDUCTOR: _register_inductor}
-
-
-class _RegisterWhenLoaded(importlib.abc.MetaPathFinder):
-    """Registers the backend the moment Dynamo's backend registry is imported
-    (by torch.compile or anything else), and torchtpu's tpu code generation
-    the moment Inductor's compile_fx is, so that importing torchtpu does not
-    import torch._dynamo (about a second) or Inductor for users who never
-    compile."""
-
-    def __init__(self):
-        self.pending = {m: f for m, f in _HOOKS.items() if m not in sys.modules}
-
-    def find_spec(self, fullname, path, target=None):
-        register_fn = self.pending.pop(fullname, None)
-        if register_fn is None:
-            return None
-        if not self.pending:
-            sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_then_register(module):  # the import system has put module in sys.modules
-            exec_module(module)
-            register_fn()
-
-        spec.loader.exec_module = exec_then_register
-        return spec
-
-
-def register() -> None:
-    for name, register_fn in _HOOKS.items():
-        if name in sys.modules:
-            register_fn()
-    if not all(m in sys.modules for m in _HOOKS) and \
-            not any(isinstance(f, _RegisterWhenLoaded) for f in sys.meta_path):
-        sys.meta_path.insert(0, _RegisterWhenLoaded())
-
-
 def metrics() -> dict:
-    from . import _C
+    from .. import _C
 
     breaks = 0
     if "torch._dynamo.utils" in sys.modules:  # else nothing was compiled: don't import Dynamo
