@@ -17,7 +17,6 @@ import sys
 import torch
 from torch._ops import OpOverload
 
-from .graph_code import GraphCode, aot_cache_scope
 from .lower import (
     Unsupported,
     _decomposition_table,
@@ -91,6 +90,9 @@ def _split_at_collectives(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModul
 
 def _graph_compiler(gm: torch.fx.GraphModule, example_inputs):
     """AOTAutograd's compiler for each forward/backward/inference graph: a GraphCode."""
+    # graph_code imports Inductor's OutputCode (and with it Dynamo): only when compiling,
+    # so `import torchtpu` stays free of both (tests/test_compile.py).
+    from .graph_code import GraphCode
     if any(_is_collective(n) for n in gm.graph.nodes):
         split, compiled = _split_at_collectives(gm)
         stats["graphs_split"] += 1
@@ -118,6 +120,8 @@ def backend(gm, example_inputs, **kwargs):
     from torch._dynamo.backends.common import aot_autograd
     from torch._dynamo.utils import counters
     from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+
+    from .graph_code import GraphCode, aot_cache_scope
 
     with aot_cache_scope() as cached:
         # a new AotAutograd per graph: it wraps its backward compiler on every call
