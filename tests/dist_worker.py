@@ -480,6 +480,20 @@ def torchrun():
     dist.all_reduce(x)
     w = dist.get_world_size()
     close(x, torch.full((3,), float(w * (w + 1) // 2)), "torchrun all_reduce")
+    # DDP after exactly the bare call (torch 2.13 named GLOO the group's default
+    # backend type, which it does not have: "Could not find backend type 1")
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 2)
+    ref = torch.nn.Linear(4, 2)
+    ref.load_state_dict(lin.state_dict())
+    xs = [torch.randn(3, 4, generator=torch.Generator().manual_seed(r)) for r in range(w)]
+    model = DDP(lin.to("tpu"))
+    model(xs[dist.get_rank()].to("tpu")).sum().backward()
+    sum(ref(x).sum() for x in xs).div(w).backward()  # DDP averages the ranks' gradients
+    close(model.module.weight.grad, ref.weight.grad, "DDP after init_process_group()", atol=1e-5)
+    close(model.module.bias.grad, ref.bias.grad, "DDP after init_process_group() bias", atol=1e-5)
     dist.destroy_process_group()
     print("OK", local, desc[1])
 

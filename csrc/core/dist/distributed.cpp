@@ -18,9 +18,12 @@
 // RuntimeError naming the op on every rank. TORCHTPU_DIST_CHECK=0 skips it.
 #include <torch/extension.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <sstream>
 
@@ -481,8 +484,36 @@ class StagedBackend : public c10d::Backend {
 
   // Exchanges (op, dtype, element counts, extra fields, all_to_all splits)
   // between the ranks and raises on every rank when they disagree.
+  // torch 2.13's init_process_group() with no backend builds a group whose
+  // only backend is ours ({"tpu": "tpu"}, the accelerator's entry of
+  // Backend.default_device_backend_map) but names GLOO its default backend
+  // type (distributed_c10d.py, _new_process_group_helper: "we use nccl (if
+  // cuda is available) or gloo as default backend"), so DDP's logger,
+  // pg.name() and ProcessGroup::getDefaultBackend fail with "Could not find
+  // backend type 1". torch 2.14 resolves the default from the backend config
+  // (_get_default_backend_type_for_backend_config). On the first collective
+  // (DDP's parameter-shape check is one) the group we serve gets CUSTOM, the
+  // type it registered us under, when it has no GLOO backend at all.
+  void AdoptAsDefault() {
+    if (adopted_.exchange(true)) return;
+    c10::intrusive_ptr<c10d::ProcessGroup> pg;
+    try {
+      pg = c10d::resolve_process_group(getGroupUid());
+    } catch (const c10::Error&) {
+      return;  // not (yet) a registered group: nothing to repair
+    }
+    if (pg->getBackendType() != c10d::ProcessGroup::BackendType::GLOO) return;
+    try {
+      pg->getBackend(c10d::ProcessGroup::BackendType::GLOO);
+    } catch (const c10::Error&) {
+      if (pg->getBackend(c10d::ProcessGroup::BackendType::CUSTOM).get() == this)
+        pg->setDefaultBackend(c10d::ProcessGroup::BackendType::CUSTOM);
+    }
+  }
+
   void Check(const char* op, int64_t code, const std::vector<at::Tensor>& ts, std::vector<int64_t> extra,
              const std::vector<int64_t>* send = nullptr, const std::vector<int64_t>* recv = nullptr) {
+    AdoptAsDefault();
     if (!check_ || getSize() == 1) return;
     const int64_t W = getSize();
     constexpr int64_t kFixed = 8;
@@ -548,6 +579,7 @@ class StagedBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> host_;
   bool check_;
   bool coalescing_ = false;
+  std::atomic<bool> adopted_{false};
   std::vector<WorkPtr> coalesced_;
 };
 
