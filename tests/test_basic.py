@@ -67,7 +67,7 @@ def test_cpu_index_tensors_move_to_the_device_as_on_cuda():
 
 
 def test_cpu_tensor_among_tpu_tensors_names_the_devices():
-    with pytest.raises(RuntimeError, match=r"found at least two devices, tpu:0 and cpu.*argument 'other'"):
+    with pytest.raises(RuntimeError, match=r"found at least two devices, tpu:0 and cpu.*argument other in method aten::add"):
         torch.ones(3, device="tpu") + torch.ones(3)
     # a CPU 0-d tensor is a number, as on CUDA
     assert torch.equal((torch.ones(3, device="tpu") + torch.tensor(2.0)).cpu(), torch.full((3,), 3.0))

@@ -616,6 +616,60 @@ static ops::Arg LowerArg(Region& r, PlanRecorder& plan, const std::string& name,
   return a;
 }
 
+// ---------------------------------------------------------------- device rules
+// CUDA's rules for tensors of other devices among tpu tensors, so code written
+// on tpu does not break on CUDA: an op whose native_functions.yaml entry has no
+// `device_check: NoCheck` takes every tensor argument (lists and optional
+// tensors too) on the one device; a NoCheck op (TensorIterator ops, index,
+// copies) also takes CPU 0-d tensors, used as numbers, and index/index_put
+// take CPU index tensors. Ops outside ATen's yaml follow the NoCheck rule.
+#include "device_rules.inc"  // kExactSameDeviceOps, generated from the installed torch
+
+static bool ExactSameDevice(const std::string& name) {
+  static const std::unordered_set<std::string> ops(std::begin(kExactSameDeviceOps), std::end(kExactSameDeviceOps));
+  return ops.count(name) > 0;
+}
+
+static bool TakesCpuIndices(const std::string& name, const std::string& arg) {
+  static const std::unordered_set<std::string> ops = {
+      "aten::index.Tensor", "aten::index.Tensor_out", "aten::index_put_", "aten::index_put",
+      "aten::index_put.out", "aten::_index_put_impl_", "aten::_index_put_impl", "aten::_index_put_impl.out",
+      "aten::_unsafe_index_put"};
+  return arg == "indices" && ops.count(name) > 0;
+}
+
+static bool IsCopy(const std::string& name) {
+  static const std::unordered_set<std::string> ops = {
+      "aten::copy_", "aten::copy", "aten::copy.out", "aten::_copy_from", "aten::_copy_from_and_resize",
+      "aten::_to_copy", "aten::_to_copy.out", "aten::set_.source_Tensor", "aten::set_.source_Storage",
+      "aten::set_.source_Storage_storage_offset", "aten::set_.source_Tensor_storage_offset"};
+  return ops.count(name) > 0;
+}
+
+static void CheckDevices(const c10::FunctionSchema& schema, const std::string& name, const std::vector<c10::IValue>& args) {
+  if (IsCopy(name)) return;
+  const bool exact = ExactSameDevice(name);
+  auto check = [&](const at::Tensor& t, size_t i) {
+    if (!t.defined() || IsTpu(t)) return;
+    const std::string& arg = schema.arguments()[i].name();
+    if (!exact && t.dim() == 0 && t.device().is_cpu()) return;
+    if (!exact && TakesCpuIndices(name, arg) && t.device().is_cpu()) return;
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, tpu:0 and ",
+                t.device(), "! (when checking argument for argument ", arg, " in method ", name, ")");
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = args[i];
+    if (v.isTensor()) {
+      check(v.toTensor(), i);
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) check(t, i);
+    } else if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef())
+        if (e.isTensor()) check(e.toTensor(), i);
+    }
+  }
+}
+
 void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const OpStatic& info = GetOpStatic(schema);
@@ -624,18 +678,8 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   TORCH_CHECK(lw, "torchtpu: no lowering registered for ", name);
   size_t nargs = schema.arguments().size();
   std::vector<c10::IValue> args(stack->end() - nargs, stack->end());
+  CheckDevices(schema, name, args);
   ExpandMaskIndices(name, args);
-
-  // A CPU tensor (other than a 0-d one, used as a number) among tpu tensors
-  // raises as CPU/CUDA do, naming the devices (not the meta device the
-  // output-metadata computation would name).
-  for (size_t i = 0; i < nargs; ++i) {
-    if (!args[i].isTensor()) continue;
-    const at::Tensor& t = args[i].toTensor();
-    TORCH_CHECK(!t.defined() || IsTpu(t) || t.dim() == 0,
-                "Expected all tensors to be on the same device, but found at least two devices, tpu:0 and ",
-                t.device(), "! (", name, ", argument '", schema.arguments()[i].name(), "')");
-  }
 
   // The meta key: what output metadata (below), op plans and the host tier's
   // sightings depend on (argument dtypes, sizes, strides, values).
@@ -839,6 +883,10 @@ void CpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                  " has no native tpu lowering yet; running it on the CPU (copies to and from "
                  "the host). This warning is shown once per op.");
     }
+  }
+  {
+    const size_t nargs = schema.arguments().size();
+    CheckDevices(schema, name, std::vector<c10::IValue>(stack->end() - nargs, stack->end()));
   }
   GetMetrics().Fallback(name);
   at::native::cpu_fallback(op, stack, /*error_on_views=*/true);

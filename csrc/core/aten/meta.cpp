@@ -654,6 +654,14 @@ std::shared_ptr<MetaResult> RunMeta(const c10::OperatorHandle& op, const std::st
     mstack[3] = at::zeros({g.size(1)}, g.options());
     mstack[4] = mstack[3];
   }
+  if ((name == "aten::masked_fill.Tensor" || name == "aten::masked_fill_.Tensor") && mstack.size() == 3 &&
+      mstack[2].isTensor() && mstack[2].toTensor().is_cpu() && mstack[2].toTensor().dim() == 0) {
+    // torch's reference allows a CPU 0-d value only for cuda/xpu/hpu tensors
+    // (_refs masked_fill); CUDA's rule is ours (CheckDevices), so the meta
+    // computation sees a value on self's (meta) device.
+    const at::Tensor& v = mstack[2].toTensor();
+    mstack[2] = at::empty({}, v.options().device(c10::kMeta));
+  }
   if (rule) rule->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &mstack);
   else op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &mstack);
   return SpecsOf(mstack, mc, flat_inputs, name, args);
