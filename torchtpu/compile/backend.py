@@ -17,6 +17,7 @@ import sys
 import torch
 from torch._ops import OpOverload
 
+from . import fake
 from .lower import (
     Unsupported,
     _decomposition_table,
@@ -145,6 +146,7 @@ def _register_now() -> None:
 
     if "tpu" not in _COMPILER_FNS:
         register_backend(name="tpu")(backend)
+    fake.register()
 
 
 def _register_inductor() -> None:

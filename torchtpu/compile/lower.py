@@ -383,7 +383,15 @@ def _decomposition_table() -> dict:
 
         from .. import _C
 
-        _decomps = {op: fn for op, fn in core_aten_decompositions().items()
+        from torch._decomp import get_decompositions
+
+        table = dict(core_aten_decompositions())
+        # functionalization's *_scatter ops (a compiled backward writes into a
+        # slice of a gradient with slice_scatter) are core ATen ops; torch's
+        # decompositions give them as iota/where/index, which are lowered
+        table.update(get_decompositions([torch.ops.aten.slice_scatter, torch.ops.aten.select_scatter,
+                                         torch.ops.aten.diagonal_scatter]))
+        _decomps = {op: fn for op, fn in table.items()
                     if not (isinstance(op, OpOverload) and _C._has_lowering(op_name(op)))}
     return _decomps
 
