@@ -1,10 +1,25 @@
 #!/usr/bin/env bash
 # Installs what the tests need, builds torchtpu, and runs the C++ and Python tests.
-#   bash tools/test.sh            fast tier (what CI runs)
+#   bash tools/test.sh            fast tier on torch 2.13.0 (what CI runs first)
+#   TORCH=2.14.1 bash tools/test.sh   the fast tier on torch 2.14.1, in a venv of its own
+#                                 (TORCHTPU_TORCH_VENV, default ~/.cache/torchtpu/venv-torch2.14.1)
+#                                 built in build/torch2.14.1 (CI runs it second)
 #   PYTEST_ARGS="-m slow" bash tools/test.sh   the slow sweeps
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TORCH=${TORCH:-2.13.0}
 PY=${PYTHON:-python3}
+BUILD_ARGS=()
+if [ "$TORCH" != "2.13.0" ]; then
+  if [ -z "${PYTHON:-}" ]; then
+    VENV=${TORCHTPU_TORCH_VENV:-$HOME/.cache/torchtpu/venv-torch$TORCH}
+    [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+    PY=$VENV/bin/python
+  fi
+  # a build dir per torch: both builds stay incremental
+  BUILD_ARGS=(-C "build-dir=build/torch$TORCH")
+fi
+echo "== torch $TORCH ($PY)"
 # Relative paths in ccache keys: rebuilds of another clone reuse the cache.
 export CCACHE_BASEDIR="$(pwd)"
 
@@ -13,10 +28,11 @@ if [ ! -f /usr/lib/x86_64-linux-gnu/libgtest.a ] && [ ! -f /usr/lib/libgtest.a ]
     || echo "warning: could not install gtest; the C++ unit tests will be skipped"
 fi
 
-$PY -m pip install -q --disable-pip-version-check torch==2.13.0 scikit-build-core ninja xla-cpu-pjrt numpy
-TORCH_DEVICE_BACKEND_AUTOLOAD=0 $PY -m pip install -q --disable-pip-version-check --no-build-isolation '.[test]'
+$PY -m pip install -q --disable-pip-version-check "torch==$TORCH" scikit-build-core ninja xla-cpu-pjrt numpy
+TORCH_DEVICE_BACKEND_AUTOLOAD=0 $PY -m pip install -q --disable-pip-version-check --no-build-isolation \
+  ${BUILD_ARGS[@]+"${BUILD_ARGS[@]}"} '.[test]'
 
-BUILD_DIR=$(ls -d build/cp3*-* 2>/dev/null | head -1)
+if [ "$TORCH" != "2.13.0" ]; then BUILD_DIR=build/torch$TORCH; else BUILD_DIR=$(ls -d build/cp3*-* 2>/dev/null | head -1); fi
 if [ -n "$BUILD_DIR" ] && [ -f "$BUILD_DIR/tt_core_tests" ]; then
   ctest --test-dir "$BUILD_DIR" --output-on-failure -j2
 fi
@@ -24,7 +40,7 @@ fi
 $PY -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:--m "not slow"} tests
 # The same semantics in every eager mode: a representative subset again in the
 # other two modes (the whole suite passes in each; run it with TORCHTPU_MODE=...).
-if [ -z "${PYTEST_ARGS:-}" ]; then
+if [ -z "${PYTEST_ARGS:-}" ] && [ "$TORCH" = "2.13.0" ]; then
   for mode in defer_and_fuse debug; do
     echo "== TORCHTPU_MODE=$mode"
     TORCHTPU_MODE=$mode $PY -m pytest -q -p no:cacheprovider -m "not slow" \
