@@ -88,3 +88,39 @@ def test_bad_requests_raise(models):
         gen.generate(prompts(1, 10, 8).to("tpu"), max_new_tokens=20)
     with pytest.raises(ValueError, match="set by the generator"):
         gen.generate(prompts(1, 4, 8).to("tpu"), max_new_tokens=2, cache_implementation="static")
+
+
+def test_hf_static_cache_generate_after_warmup_compiles_nothing():
+    """transformers' own generate with a static cache and a compiled forward: after
+    one request under torchtpu.warmup() an identical request compiles nothing and
+    loads nothing (every program comes from memory). Without it the host tier
+    compiles the ops seen once per request on the second and third requests."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                   max_position_embeddings=256, pad_token_id=0, eos_token_id=1)
+    cpu = transformers.LlamaForCausalLM(cfg).eval()
+    tpu = transformers.LlamaForCausalLM(cfg).eval()
+    tpu.load_state_dict(cpu.state_dict())
+    tpu = tpu.to("tpu")
+    tpu.generation_config.cache_implementation = "static"
+    torch._dynamo.reset()
+    tpu.forward = torch.compile(tpu.forward, backend="tpu", dynamic=False)
+    ids = prompts(2, 6, 7)
+    ref = cpu.generate(ids, max_new_tokens=8, do_sample=False)
+
+    def request():
+        m0 = torchtpu.metrics()
+        out = tpu.generate(ids.to("tpu"), max_new_tokens=8, do_sample=False)
+        torch.tpu.synchronize()
+        m1 = torchtpu.metrics()
+        assert torch.equal(out.cpu(), ref)
+        return m1["compiles"] - m0["compiles"] + m1["disk_cache_hits"] - m0["disk_cache_hits"]
+
+    try:
+        with torchtpu.warmup():
+            request()
+        assert request() == 0
+        assert request() == 0
+    finally:
+        torch._dynamo.reset()

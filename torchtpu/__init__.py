@@ -15,7 +15,7 @@ import torch
 
 from . import _device, _env  # noqa: E402
 from ._version import __version__  # noqa: E402,F401
-from ._modes import get_mode, mode, set_mode  # noqa: E402,F401
+from ._modes import get_mode, mode, set_mode, warmup  # noqa: E402,F401
 
 _lock = threading.RLock()
 _registered = False

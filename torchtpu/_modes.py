@@ -52,3 +52,39 @@ class mode:
 
         _C._pop_thread_mode()
         return False
+
+
+class warmup:
+    """``with torchtpu.warmup(): model.generate(...)`` — a warm-up request.
+
+    Strict mode runs an op on the host the first ``TORCHTPU_HOST_TIER`` times
+    its argument types and shapes are seen (default 2) and compiles its
+    program after that, so a one-off shape (printing, a notebook cell) never
+    pays an XLA compile. A serving loop repeats its requests, though, and the
+    ops it sees once per request would compile on the second or third request:
+    a latency spike after warm-up. Inside ``warmup()`` every op compiles on
+    first sight and counts as seen often enough, so an identical request
+    afterwards compiles nothing. Usable as a decorator too; nests; thread-safe
+    (it counts process-wide)."""
+
+    def __enter__(self):
+        from . import _C
+
+        _C._push_warmup()
+        return self
+
+    def __exit__(self, *exc):
+        from . import _C
+
+        _C._pop_warmup()
+        return False
+
+    def __call__(self, fn):
+        import functools
+
+        @functools.wraps(fn)
+        def wrapped(*a, **k):
+            with warmup():
+                return fn(*a, **k)
+
+        return wrapped

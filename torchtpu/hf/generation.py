@@ -123,3 +123,14 @@ class StaticGenerator:
             return unpad(out)
         out.sequences = unpad(out.sequences)  # other outputs keep the padded rows
         return out
+
+    def warmup(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+               max_new_tokens: int, **kwargs):
+        """One request run under ``torchtpu.warmup()``: every program it needs
+        compiles now, so identical requests (same batch and prompt buckets,
+        ``max_new_tokens`` and options) afterwards compile nothing. Returns its
+        output."""
+        from .._modes import warmup
+
+        with warmup():
+            return self.generate(input_ids, attention_mask, max_new_tokens=max_new_tokens, **kwargs)

@@ -23,6 +23,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <iostream>
 #include <mutex>
 #include <set>
@@ -162,6 +163,18 @@ static uint64_t Signature(const std::string& name, const std::vector<at::Tensor>
   return h;
 }
 
+// torchtpu.warmup(): while its count is non-zero, ops compile on first sight
+// (no host tier) and their meta keys count as seen HostTierRuns() times, so
+// an identical workload afterwards runs every op from compiled programs
+// (compiles nothing) instead of compiling the ops the host tier ran on its
+// first sightings one request later.
+static std::atomic<int>& WarmupDepth() {
+  static std::atomic<int> n{0};
+  return n;
+}
+void PushWarmup() { WarmupDepth().fetch_add(1); }
+void PopWarmup() { WarmupDepth().fetch_sub(1); }
+
 // Whether an op with this meta key (argument types, shapes, values) has been
 // seen fewer than HostTierRuns() times before in this process.
 static bool FirstSighting(const std::string& meta_key) {
@@ -169,7 +182,12 @@ static bool FirstSighting(const std::string& meta_key) {
   static std::unordered_map<std::string, int> seen;
   std::lock_guard<std::mutex> g(mu);
   if (seen.size() > (1u << 18)) seen.clear();
-  return seen[meta_key]++ < HostTierRuns();
+  int& n = seen[meta_key];
+  if (WarmupDepth().load(std::memory_order_relaxed) > 0) {
+    n = std::max(n, HostTierRuns());
+    return false;
+  }
+  return n++ < HostTierRuns();
 }
 
 // Whether tpu tensor t's elements are host values (HostReadable: covered by a

@@ -12,6 +12,8 @@
 
 namespace tt {
 void RegisterNativeKernels();
+void PushWarmup();  // kernels.cpp: torchtpu.warmup()
+void PopWarmup();
 void BindGraph(pybind11::module& m);
 void BindDistributed(pybind11::module& m);
 }
@@ -184,6 +186,8 @@ PYBIND11_MODULE(_C, m) {
     d["executable_cache_entries"] = tt::Started() ? (int64_t)tt::Runtime::Get().cache_size() : 0;
     return d;
   });
+  m.def("_push_warmup", &tt::PushWarmup);
+  m.def("_pop_warmup", &tt::PopWarmup);
   m.def("_set_host_tier_runs", &tt::SetHostTierRuns);
   m.def("_host_tier_runs", &tt::HostTierRuns, "TORCHTPU_HOST_TIER's value in effect");
   m.def("_set_op_plans", &tt::SetPlansEnabled, "Turns strict mode's op plans on or off; returns the previous setting");
