@@ -11,8 +11,8 @@ from torchtpu import generation
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def models():
+def llama_pair():
+    """A tiny Llama on CPU and the same weights on tpu."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
@@ -20,7 +20,12 @@ def models():
     cpu = transformers.LlamaForCausalLM(cfg).eval()
     tpu = transformers.LlamaForCausalLM(cfg).eval()
     tpu.load_state_dict(cpu.state_dict())
-    tpu = tpu.to("tpu")
+    return cpu, tpu.to("tpu")
+
+
+@pytest.fixture(scope="module")
+def models():
+    cpu, tpu = llama_pair()
     torch._dynamo.reset()
     gen = generation.StaticGenerator(tpu, buckets=(8, 16), max_cache_len=32)
     yield cpu, gen
@@ -95,14 +100,7 @@ def test_hf_static_cache_generate_after_warmup_compiles_nothing():
     one request under torchtpu.warmup() an identical request compiles nothing and
     loads nothing (every program comes from memory). Without it the host tier
     compiles the ops seen once per request on the second and third requests."""
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
-                                   max_position_embeddings=256, pad_token_id=0, eos_token_id=1)
-    cpu = transformers.LlamaForCausalLM(cfg).eval()
-    tpu = transformers.LlamaForCausalLM(cfg).eval()
-    tpu.load_state_dict(cpu.state_dict())
-    tpu = tpu.to("tpu")
+    cpu, tpu = llama_pair()
     tpu.generation_config.cache_implementation = "static"
     torch._dynamo.reset()
     tpu.forward = torch.compile(tpu.forward, backend="tpu", dynamic=False)
