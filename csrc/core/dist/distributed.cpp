@@ -17,6 +17,7 @@
 // element counts, root, reduce op, all_to_all splits) and a mismatch raises a
 // RuntimeError naming the op on every rank. TORCHTPU_DIST_CHECK=0 skips it.
 #include <torch/extension.h>
+#include <torch/version.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -453,7 +454,11 @@ class StagedBackend : public c10d::Backend {
       case c10d::ReduceOp::AVG:
         return c10d::ReduceOp(c10d::ReduceOp::SUM);
       case c10d::ReduceOp::PREMUL_SUM: {
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 13
+        auto* s = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(r.supplement_.get());  // its name before 2.13
+#else
         auto* s = dynamic_cast<c10d::PreMulSumSupplement*>(r.supplement_.get());
+#endif
         TORCH_CHECK(s != nullptr, op, ": PREMUL_SUM without a factor");
         for (auto& t : host) {
           if (s->tensor_factor.defined()) t = t * s->tensor_factor.to(at::kCPU).to(t.scalar_type());

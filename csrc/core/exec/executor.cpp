@@ -1,5 +1,7 @@
 #include "executor.h"
 
+#include <torch/version.h>
+
 #include <ATen/ATen.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <c10/util/Exception.h>
@@ -33,8 +35,15 @@ std::atomic<uint64_t> g_epoch{1};
 // which the autograd engine propagates to its device threads: backward runs
 // in the mode of the thread that called .backward().
 namespace {
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 13
+// Before torch 2.13 DebugInfoKind is a closed enum: builds against an older
+// torch (tools/device_check.sh on the GPU image's 2.11) take a kind that
+// torch uses only in its own tests.
+const c10::DebugInfoKind kModeInfo = c10::DebugInfoKind::TEST_INFO_2;
+#else
 constexpr std::string_view kModeInfoName = "TORCHTPU_MODE";
 const c10::DebugInfoKind kModeInfo(&kModeInfoName);
+#endif
 struct ModeInfo : c10::DebugInfoBase {
   explicit ModeInfo(int m) : mode(m) {}
   int mode;
