@@ -28,7 +28,7 @@ import os
 import statistics
 import sys
 import time
-from _report import report  # benchmarks/_report.py
+from _report import report, settle, spread, thread_settings  # benchmarks/_report.py
 
 # this checkout's torchtpu, not an installed one
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -90,6 +90,7 @@ class GptRun:
         x, y = self.data[i]
         mode, chunk = self._settings()
         with mode, chunk:
+            settle()  # no earlier launch or compile lands inside this step's time
             m0 = torchtpu.metrics()
             t0 = time.perf_counter()
             loss = self.step_fn(x, y)
@@ -117,12 +118,17 @@ class GptRun:
 
     def result(self) -> dict:
         k = 3 if len(self.times) > 6 else 1
+        # steady state: the steps after the first k that compiled nothing
+        steady = [t for t, c in zip(self.times[k:], self.compiles[k:]) if c == 0] or self.times[k:]
         return {"first_step_ms": self.times[0] * 1000, "first_step_compile_s": self.compile_s[0],
                 "first_two_steps_compile_s": self.compile_s[0] + self.compile_s[1],
                 # every compile of the run's synced steps (defer_and_fuse compiles a
                 # synced step's parts once the loop is known, at step 2 or 3)
                 "all_steps_compile_s": sum(self.compile_s),
-                "step_ms": statistics.median(self.times[k:]) * 1000,
+                "step_ms": statistics.median(steady) * 1000,
+                "step_spread": spread(steady),
+                "steps_with_compiles_excluded": len(self.times[k:]) - len(steady) if steady is not self.times[k:] else 0,
+                "pipelined_spread": spread(self.pipelined),
                 # host time until the step's last op is recorded/dispatched (before loss.item())
                 "host_ms": statistics.median(self.host[k:]) * 1000,
                 "pipelined_ms": statistics.median(self.pipelined) * 1000,
@@ -174,7 +180,7 @@ def main() -> None:
                     help="GPT batch sizes; 16 is bound by XLA:CPU compute, 2 by host dispatch (as on an accelerator)")
     args = ap.parse_args()
     torch.manual_seed(0)
-    res = {}
+    res = {"threads": thread_settings()}
     if args.chain_only:
         print(json.dumps(_chain(9 * args.repeat)))
         return

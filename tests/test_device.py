@@ -455,3 +455,26 @@ print("ALIVE")
     for e in errors:
         assert "TORCHTPU_PLUGIN=cuda could not start the CUDA PJRT plugin" in e, e
         assert "NVIDIA GPU" in e and "TORCHTPU_PLUGIN=cpu" in e, e
+
+
+def test_xla_threads_sizes_the_cpu_client_pool_and_pins_nothing(pyrun):
+    """TORCHTPU_XLA_THREADS=N: the XLA CPU client's Eigen pool has N threads; the
+    process and the pool keep every CPU they may run on."""
+    import os
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    code = ("import os, torch, torchtpu\n"
+            "x = torch.randn(256, 256, device='tpu'); (x @ x).sum().item()\n"
+            "cpus = os.sched_getaffinity(0)\n"
+            "pool = [t for t in os.listdir('/proc/self/task')\n"
+            "        if open(f'/proc/self/task/{t}/comm').read().startswith('tf_XLAEigen')]\n"
+            "assert all(os.sched_getaffinity(int(t)) == cpus for t in pool)\n"
+            "print(len(pool), len(cpus))")
+    one = pyrun(code, env={"TORCHTPU_XLA_THREADS": "1"})
+    assert one.returncode == 0, one.stderr
+    dflt = pyrun(code, env={"TORCHTPU_XLA_THREADS": None})
+    assert dflt.returncode == 0, dflt.stderr
+    n1, cpus = map(int, one.stdout.split()[-2:])
+    nd, _ = map(int, dflt.stdout.split()[-2:])
+    assert n1 == 1 and nd == cpus, (one.stdout, dflt.stdout)

@@ -37,6 +37,8 @@ OP_PLANS = _var("TORCHTPU_OP_PLANS", "1",
                  "strict mode replays a repeated op's program and binding with no lowering (0: off)")
 COMPILE_THREADS = _var("TORCHTPU_COMPILE_THREADS", "",
                         "threads compiling eager programs (default: CPU cores, at most 8; 0: the calling thread)")
+XLA_THREADS = _var("TORCHTPU_XLA_THREADS", "",
+                   "threads of the XLA CPU client's intra-op pool (default: every CPU the process may use)")
 ASYNC_COMPILE = _var("TORCHTPU_ASYNC_COMPILE", "1",
                      "queue a launch whose program still compiles and dispatch on (0: wait for each compile)")
 CACHE_MAX_BYTES = _var("TORCHTPU_CACHE_MAX_BYTES", "8G", "size bound of the persistent cache (LRU eviction)")

@@ -3,13 +3,16 @@
 #endif
 #include "runtime.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <thread>
@@ -132,17 +135,64 @@ Runtime::Runtime() {
   }
 }
 
+namespace {
+// TORCHTPU_XLA_THREADS=N: the XLA CPU client's intra-op (Eigen) pool gets N
+// threads. The plugin has no create option for it: it sizes the pool by the
+// CPUs the creating thread may run on (sched_getaffinity), so the client is
+// created with this thread's affinity narrowed to N CPUs; afterwards this
+// thread and the pool's threads ("tf_XLAEigen...") get the full set back, so
+// nothing stays pinned. 0 / unset: the plugin's default (every CPU).
+class XlaThreadLimit {
+ public:
+  explicit XlaThreadLimit(int n) {
+    if (n <= 0 || sched_getaffinity(0, sizeof(saved_), &saved_) != 0 || CPU_COUNT(&saved_) <= n) return;
+    cpu_set_t narrow;
+    CPU_ZERO(&narrow);
+    for (int cpu = 0, left = n; cpu < CPU_SETSIZE && left > 0; ++cpu)
+      if (CPU_ISSET(cpu, &saved_)) { CPU_SET(cpu, &narrow); --left; }
+    active_ = sched_setaffinity(0, sizeof(narrow), &narrow) == 0;
+  }
+  ~XlaThreadLimit() {
+    if (!active_) return;
+    sched_setaffinity(0, sizeof(saved_), &saved_);
+    if (DIR* d = opendir("/proc/self/task")) {
+      while (dirent* e = readdir(d)) {
+        if (e->d_name[0] == '.') continue;
+        char comm[64] = {0};
+        std::string path = std::string("/proc/self/task/") + e->d_name + "/comm";
+        if (FILE* f = std::fopen(path.c_str(), "r")) {
+          if (!std::fgets(comm, sizeof(comm), f)) comm[0] = 0;
+          std::fclose(f);
+        }
+        if (std::strncmp(comm, "tf_XLA", 6) == 0)
+          sched_setaffinity((pid_t)std::atoi(e->d_name), sizeof(saved_), &saved_);
+      }
+      closedir(d);
+    }
+  }
+
+ private:
+  cpu_set_t saved_;
+  bool active_ = false;
+};
+}  // namespace
+
 void Runtime::Start(const Config& c) {
   const pjrt::Api* api = pjrt::Api::Load(c.plugin_path);
   std::vector<pjrt::CreateOption> opts;
+  int xla_threads = 0;
   if (c.plugin_name == "cpu") {
     pjrt::CreateOption o;
     o.name = "cpu_device_count";
     o.kind = pjrt::CreateOption::kInt;
     o.i = c.device_count;
     opts.push_back(o);
+    if (const char* e = std::getenv("TORCHTPU_XLA_THREADS")) xla_threads = std::atoi(e);
   }
-  client_ = std::make_unique<pjrt::Client>(api, opts);
+  {
+    XlaThreadLimit limit(xla_threads);
+    client_ = std::make_unique<pjrt::Client>(api, opts);
+  }
   const auto& devs = client_->devices();
   if (devs.empty()) throw pjrt::Error("torchtpu: the PJRT plugin reports no devices");
   if (c.device_index < 0 || c.device_index >= (int64_t)devs.size())
