@@ -56,6 +56,15 @@ class TpuPlatform(Platform):
         import torchtpu  # noqa: F401
 
     @classmethod
+    def register_triton_kernel_overrides(cls) -> None:
+        """vLLM's core Triton kernels (slot mapping, ...) as torch ops on tpu (torchtpu/vllm/kernels.py)."""
+        from vllm.triton_utils.dispatcher import register_kernels
+
+        from .kernels import OVERRIDES
+
+        register_kernels(OVERRIDES)
+
+    @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:
         return torch.tpu.get_device_name(device_id)
 

@@ -13,7 +13,8 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 
 import torchtpu  # noqa: F401
-from vllm.config import VllmConfig
+from vllm.config import CUDAGraphMode, VllmConfig
+from vllm.distributed.parallel_state import get_pp_group
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
 from vllm.utils.mem_utils import MemorySnapshot, format_gib
@@ -27,6 +28,7 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 from vllm.v1.worker.utils import bind_kv_cache, request_memory
+from vllm.v1.worker.worker_base import CompilationTimes
 
 logger = init_logger(__name__)
 
@@ -40,6 +42,11 @@ class TpuModelRunner(GPUModelRunner):
             raise ValueError("torchtpu: async scheduling needs a copy stream; the platform turns it off")
         super().__init__(vllm_config, device)
         assert device.type == "tpu", device
+        from .sampler import TpuTopKTopPSampler
+
+        # Seeded requests: see torchtpu/vllm/sampler.py (exponential_ with a generator).
+        self.sampler.topk_topp_sampler = TpuTopKTopPSampler(self.sampler.logprobs_mode,
+                                                            self.sampler.use_fp64_gumbel)
 
     # -- host/device synchronisation (the GPU runner uses torch.accelerator / pinned buffers + events)
     def _sync_device(self) -> None:
@@ -110,6 +117,8 @@ class TpuWorker(Worker):
         if self.use_v2_model_runner:
             raise ValueError("torchtpu's vLLM worker runs vLLM's V1 model runner; "
                              "unset VLLM_USE_V2_MODEL_RUNNER")
+        if self.model_config.enable_sleep_mode:
+            raise NotImplementedError("torchtpu's vLLM worker: sleep mode (enable_sleep_mode) is not supported")
 
     def init_device(self):
         # gpu_worker.Worker.init_device accepts only device_type "cuda".
@@ -135,6 +144,32 @@ class TpuWorker(Worker):
         logger.debug("tpu worker init memory snapshot: %r", init_snapshot)
         logger.debug("tpu worker requested memory: %sGiB", format_gib(self.requested_memory))
         self._init_workspace_and_model_runner()
+
+    def _maybe_get_memory_pool_context(self, tag: str) -> AbstractContextManager:
+        # gpu_worker.Worker asks vLLM's CuMem/XPU sleep-mode allocator for every platform but
+        # CUDA-alike, XPU and CPU; tpu has no such allocator (sleep mode is refused in init).
+        return nullcontext()
+
+    def compile_or_warm_up_model(self) -> CompilationTimes:
+        """Eager warm-up: the sampler at ``max_num_seqs`` rows, then the seed reset.
+
+        gpu_worker.Worker's version also runs kernel_warmup(), which imports every model
+        family's Triton warm-up module (minimax_m3 -> torchvision, not installable next to
+        torch+cpu) and captures CUDA graphs; neither applies to an eager tpu step.
+        """
+        runner = self.model_runner
+        runner.maybe_remove_all_loras(runner.lora_config)
+        if get_pp_group().is_last_rank:
+            max_num_reqs = min(self.scheduler_config.max_num_seqs, self.scheduler_config.max_num_batched_tokens)
+            hidden_states, last_hidden_states = runner._dummy_run(
+                num_tokens=max_num_reqs, skip_eplb=True, cudagraph_runtime_mode=CUDAGraphMode.NONE)
+            if runner.is_pooling_model:
+                runner._dummy_pooler_run(hidden_states)
+            else:
+                runner._dummy_sampler_run(hidden_states=last_hidden_states)
+        set_random_seed(self.model_config.seed, self.parallel_config.data_parallel_index)
+        return CompilationTimes(language_model=self.compilation_config.compilation_time,
+                                encoder=self.compilation_config.encoder_compilation_time)
 
     def _make_model_runner(self) -> GPUModelRunner:
         return TpuModelRunner(self.vllm_config, self.device)
