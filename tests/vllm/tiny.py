@@ -70,13 +70,21 @@ def hf_greedy(model, tok, prompts: list[str], max_tokens: int) -> list[list[int]
 
 
 def run(spec: dict) -> dict:
-    """Runs vLLM's offline LLM on spec["model"] and returns token ids and torchtpu metrics."""
+    """Runs vLLM's offline LLM on spec["model"]: each of spec["batches"] (lists of prompts) is one
+    ``generate`` call on the same engine; returns token ids, cache hits and torchtpu metrics."""
     from vllm import LLM, SamplingParams
 
     try:
         llm = LLM(model=spec["model"], **spec.get("llm_kwargs", {}))
         sp = SamplingParams(**spec.get("sampling", {}))
-        outs = llm.generate(spec["prompts"], sp, use_tqdm=False)
+        batches = []
+        for prompts in spec["batches"]:
+            outs = llm.generate(prompts, sp, use_tqdm=False)
+            batches.append({
+                "prompt_token_ids": [list(o.prompt_token_ids) for o in outs],
+                "token_ids": [list(o.outputs[0].token_ids) for o in outs],
+                "num_cached_tokens": [o.num_cached_tokens or 0 for o in outs],
+            })
     except BaseException:
         # report before `llm` is collected: its shutdown crashes on "tpu" (docs/vllm.md)
         import traceback
@@ -85,19 +93,18 @@ def run(spec: dict) -> dict:
         sys.stderr.flush()
         os._exit(1)
     import torchtpu
+    from vllm.platforms import current_platform
 
     m = torchtpu.metrics()
-    res = {
-        "prompt_token_ids": [list(o.prompt_token_ids) for o in outs],
-        "token_ids": [list(o.outputs[0].token_ids) for o in outs],
-        "platform": type(__import__("vllm.platforms", fromlist=["current_platform"]).current_platform).__name__,
-        "cpu_fallbacks": m["cpu_fallbacks"],
-        "native_executions": m["native_executions"],
-    }
     # `llm` is not deleted: vLLM's engine shutdown calls torch.accelerator.empty_host_cache(),
     # which crashes on "tpu" (no host allocator registered; docs/vllm.md). The driver exits
     # with os._exit right after printing.
-    return res
+    return {
+        "batches": batches,
+        "platform": type(current_platform).__qualname__,
+        "cpu_fallbacks": m["cpu_fallbacks"],
+        "native_executions": m["native_executions"],
+    }
 
 
 if __name__ == "__main__":
