@@ -133,6 +133,35 @@ def test_chunked_prefill_and_prefix_cache(tmp_path, llama):
     assert res["cpu_fallbacks"] == {}, res["cpu_fallbacks"]
 
 
+def test_greedy_bf16_near_hf(tmp_path, llama):
+    """bfloat16: rounding may flip a near-tie, so each greedy token is checked against the fp32
+    Hugging Face logits of its own prefix (teacher forcing): it must be a (near-)argmax."""
+    import torch
+
+    d, model, tok = llama
+    res = run_llm(tmp_path, {"model": d, "batches": [PROMPTS],
+                             "llm_kwargs": dict(LLM_KWARGS, dtype="bfloat16"), "sampling": GREEDY})
+    b = res["batches"][0]
+    for p_ids, g in zip(b["prompt_token_ids"], b["token_ids"]):
+        assert len(g) == MAX_TOKENS
+        with torch.no_grad():
+            logits = model(torch.tensor([p_ids + g])).logits[0, len(p_ids) - 1:-1]
+        gap = logits.max(-1).values - logits[torch.arange(len(g)), torch.tensor(g)]
+        assert gap.max().item() < 0.1, (gap, logits.std())
+    assert res["cpu_fallbacks"] == {}, res["cpu_fallbacks"]
+
+
+def test_seeded_sampling_reproducible(tmp_path, llama):
+    """temperature/top-k/top-p with a per-request seed: the same tokens on a second call."""
+    d, _, _ = llama
+    sampling = dict(temperature=1.0, top_k=50, top_p=0.9, seed=1234, max_tokens=8, ignore_eos=True)
+    res = run_llm(tmp_path, {"model": d, "batches": [PROMPTS[:2], PROMPTS[:2]], "llm_kwargs": LLM_KWARGS,
+                             "sampling": sampling})
+    first, second = res["batches"]
+    assert first["token_ids"] == second["token_ids"]
+    assert all(len(t) == 8 for t in first["token_ids"])
+
+
 def test_engine_core_process(tmp_path, llama):
     """vLLM's default: the engine core in its own (spawned) process."""
     d, model, tok = llama
