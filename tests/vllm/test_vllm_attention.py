@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 pytest.importorskip("vllm")
+# Without vLLM installed, "import vllm" finds this very directory (tests/vllm, a namespace
+# package once tests/ is on sys.path); a real vLLM has vllm.v1.
+pytest.importorskip("vllm.v1.attention.backend", reason="vLLM is not installed (bash tools/install_vllm.sh)")
 
 import torch  # noqa: E402
 

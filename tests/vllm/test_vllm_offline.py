@@ -14,6 +14,9 @@ import sys
 import pytest
 
 pytest.importorskip("vllm")
+# Without vLLM installed, "import vllm" finds this very directory (tests/vllm, a namespace
+# package once tests/ is on sys.path); a real vLLM has vllm.v1.
+pytest.importorskip("vllm.v1.attention.backend", reason="vLLM is not installed (bash tools/install_vllm.sh)")
 transformers = pytest.importorskip("transformers")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -50,17 +53,18 @@ pytestmark = pytest.mark.skipif(
            "or run tools/install_vllm.sh for a source tree on PYTHONPATH")
 
 
-def _env(multiprocessing: bool = False) -> dict:
+def _env(multiprocessing: bool = False, mode: str = "strict") -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TORCH_DEVICE_BACKEND_AUTOLOAD="0",
                TORCHTPU_MEMORY_LIMIT="256M", VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocessing else "0",
-               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", TORCHTPU_MODE=mode)
     env.pop("VLLM_TARGET_DEVICE", None)  # "cpu" would bypass platform plugins
     return env
 
 
-def run_llm(tmp_path, spec: dict, multiprocessing: bool = False, timeout: int = 420) -> dict:
+def run_llm(tmp_path, spec: dict, multiprocessing: bool = False, timeout: int = 420,
+            mode: str = "strict") -> dict:
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
     log = tmp_path / "llm.log"
@@ -68,7 +72,7 @@ def run_llm(tmp_path, spec: dict, multiprocessing: bool = False, timeout: int = 
     # and outlives the driver until the process group is killed below.
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, os.path.join(HERE, "tiny.py"), "run", str(path)],
-                                env=_env(multiprocessing), cwd=str(tmp_path), stdout=f,
+                                env=_env(multiprocessing, mode), cwd=str(tmp_path), stdout=f,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             proc.wait(timeout=timeout)
@@ -103,11 +107,14 @@ def test_platform_resolves():
     assert line[0].split()[1:] == ["TpuPlatform", "tpu", "PrivateUse1", "tpu", "True"]
 
 
-def test_greedy_matches_hf_fp32(tmp_path, llama):
-    """Prompts of different lengths, more of them than max_num_seqs (continuous batching)."""
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_greedy_matches_hf_fp32(tmp_path, llama, mode):
+    """Prompts of different lengths, more of them than max_num_seqs (continuous batching),
+    in torchtpu's strict and defer_and_fuse eager modes."""
     d, model, tok = llama
     ref = tiny.hf_greedy(model, tok, PROMPTS, MAX_TOKENS)
-    res = run_llm(tmp_path, {"model": d, "batches": [PROMPTS], "llm_kwargs": LLM_KWARGS, "sampling": GREEDY})
+    res = run_llm(tmp_path, {"model": d, "batches": [PROMPTS], "llm_kwargs": LLM_KWARGS, "sampling": GREEDY},
+                  mode=mode)
     assert res["platform"] == "TpuPlatform"
     b = res["batches"][0]
     assert b["prompt_token_ids"] == [tok(p)["input_ids"] for p in PROMPTS]
