@@ -130,14 +130,26 @@ def test_chunked_prefill_and_prefix_cache(tmp_path, llama):
     n_shared = len(tok(SHARED)["input_ids"])
     assert n_shared >= 32 and all(len(tok(p)["input_ids"]) > n_shared + 2 for p in PREFIX_PROMPTS)
     kwargs = dict(LLM_KWARGS, max_num_batched_tokens=16, max_num_seqs=2, enable_prefix_caching=True,
-                  enable_chunked_prefill=True)
+                  enable_chunked_prefill=True, disable_log_stats=False)
     res = run_llm(tmp_path, {"model": d, "batches": [PREFIX_PROMPTS[:1], PREFIX_PROMPTS[1:]],
                              "llm_kwargs": kwargs, "sampling": GREEDY})
     first, second = res["batches"]
     assert first["token_ids"] + second["token_ids"] == ref
     assert first["num_cached_tokens"] == [0]
     assert second["num_cached_tokens"][0] >= 32  # whole shared blocks came from the cache
+    assert res["counters"]["vllm:prefix_cache_hits"] >= 32  # vLLM's own stats
     assert res["cpu_fallbacks"] == {}, res["cpu_fallbacks"]
+
+
+def test_preemption_small_kv_cache(tmp_path, llama):
+    """5 usable KV blocks of 16 tokens for 4 running requests of up to 30 tokens: vLLM preempts
+    (its own counter says so) and recomputes; the tokens still equal HF's."""
+    d, model, tok = llama
+    ref = tiny.hf_greedy(model, tok, PROMPTS, MAX_TOKENS)
+    kwargs = dict(LLM_KWARGS, num_gpu_blocks_override=6, max_model_len=64, disable_log_stats=False)
+    res = run_llm(tmp_path, {"model": d, "batches": [PROMPTS], "llm_kwargs": kwargs, "sampling": GREEDY})
+    assert res["counters"]["vllm:num_preemptions"] >= 1
+    assert res["batches"][0]["token_ids"] == ref
 
 
 def test_greedy_bf16_near_hf(tmp_path, llama):

@@ -85,6 +85,11 @@ def run(spec: dict) -> dict:
                 "token_ids": [list(o.outputs[0].token_ids) for o in outs],
                 "num_cached_tokens": [o.num_cached_tokens or 0 for o in outs],
             })
+        counters = {}
+        if spec.get("llm_kwargs", {}).get("disable_log_stats") is False:
+            for mt in llm.get_metrics():  # vLLM's own stats (Prometheus-style counters/gauges)
+                if hasattr(mt, "value"):
+                    counters[mt.name] = counters.get(mt.name, 0) + mt.value
     except BaseException:
         # report before `llm` is collected: its shutdown crashes on "tpu" (docs/vllm.md)
         import traceback
@@ -101,6 +106,7 @@ def run(spec: dict) -> dict:
     # with os._exit right after printing.
     return {
         "batches": batches,
+        "counters": counters,
         "platform": type(current_platform).__qualname__,
         "cpu_fallbacks": m["cpu_fallbacks"],
         "native_executions": m["native_executions"],
