@@ -109,3 +109,14 @@ def test_streaming_and_bad_request(server):
     assert e.value.code == 400
     status, _ = _post(base + "/v1/completions", {"model": d, "prompt": "Hello", "max_tokens": 2})
     assert status == 200
+
+
+def test_chat_completions_greedy_matches_hf(server):
+    base, d, model, tok = server
+    messages = [{"role": "user", "content": "Hello world!"}]
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ref = tiny.hf_greedy(model, tok, [prompt], 8)[0]
+    status, body = _post(base + "/v1/chat/completions", {"model": d, "messages": messages, "max_tokens": 8,
+                                                         "temperature": 0, "ignore_eos": True})
+    assert status == 200
+    assert json.loads(body)["choices"][0]["message"]["content"] == tok.decode(ref)
