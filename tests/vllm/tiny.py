@@ -82,10 +82,14 @@ def run(spec: dict) -> dict:
     try:
         llm = LLM(model=spec["model"], **spec.get("llm_kwargs", {}))
         sp = SamplingParams(**spec.get("sampling", {}))
+        import torchtpu
+
         batches = []
         for prompts in spec["batches"]:
+            compiles = torchtpu.metrics()["compiles"]  # this process's (0 with an engine-core process)
             outs = llm.generate(prompts, sp, use_tqdm=False)
             batches.append({
+                "compiles": torchtpu.metrics()["compiles"] - compiles,
                 "prompt_token_ids": [list(o.prompt_token_ids) for o in outs],
                 "token_ids": [list(o.outputs[0].token_ids) for o in outs],
                 "num_cached_tokens": [o.num_cached_tokens or 0 for o in outs],
