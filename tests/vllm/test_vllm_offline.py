@@ -1,0 +1,202 @@
+"""vLLM's offline ``LLM`` on torchtpu's "tpu" platform plugin (torchtpu/vllm, docs/vllm.md).
+
+Needs vLLM 0.33 in the running environment (``bash tools/install_vllm.sh``, its own venv):
+skipped otherwise, so the main test run (no vLLM) skips this file. Every engine runs in a
+fresh subprocess (tests/vllm/tiny.py) in its own process group, killed at the end, bounded
+in time. The tiny Llama and its tokenizer are built here from configs (no hub).
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("vllm")
+# Without vLLM installed, "import vllm" finds this very directory (tests/vllm, a namespace
+# package once tests/ is on sys.path); a real vLLM has vllm.v1.
+pytest.importorskip("vllm.v1.attention.backend", reason="vLLM is not installed (bash tools/install_vllm.sh)")
+transformers = pytest.importorskip("transformers")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import tiny  # noqa: E402
+
+MAX_TOKENS = 16
+PROMPTS = [
+    "The quick brown fox",
+    "Hello",
+    "Paged attention reads keys and values through a block table and more",
+    "A tiny",
+    "Numbers: 0 1 2",
+    "Continuous batching schedules many",
+]
+# The two prompts share their first 40+ tokens: prefix-cache hits (block size 16).
+SHARED = "Paged attention reads keys and values through a block table. " * 4
+PREFIX_PROMPTS = [SHARED + "The quick brown fox", SHARED + "Hello world!"]
+LLM_KWARGS = dict(dtype="float32", enforce_eager=True, max_model_len=128, max_num_seqs=4,
+                  max_num_batched_tokens=128, gpu_memory_utilization=0.3, seed=0)
+GREEDY = dict(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+def _has_entry_point() -> bool:
+    import importlib.metadata as md
+
+    return any(e.value == "torchtpu.vllm:register" for e in md.entry_points(group="vllm.platform_plugins"))
+
+
+pytestmark = pytest.mark.skipif(
+    not _has_entry_point(),
+    reason="vllm.platform_plugins entry point torchtpu.vllm:register missing: pip-install torchtpu, "
+           "or run tools/install_vllm.sh for a source tree on PYTHONPATH")
+
+
+def _env(multiprocessing: bool = False, mode: str = "strict") -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TORCH_DEVICE_BACKEND_AUTOLOAD="0",
+               TORCHTPU_MEMORY_LIMIT="256M", VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocessing else "0",
+               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", TORCHTPU_MODE=mode)
+    env.pop("VLLM_TARGET_DEVICE", None)  # "cpu" would bypass platform plugins
+    return env
+
+
+def run_llm(tmp_path, spec: dict, multiprocessing: bool = False, timeout: int = 420,
+            mode: str = "strict") -> dict:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    log = tmp_path / "llm.log"
+    # Output to a file, not a pipe: the engine core process (multiprocessing mode) inherits it
+    # and outlives the driver until the process group is killed below.
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, os.path.join(HERE, "tiny.py"), "run", str(path)],
+                                env=_env(multiprocessing, mode), cwd=str(tmp_path), stdout=f,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    out = log.read_text()
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"vLLM run failed (rc={proc.returncode}):\n{out[-8000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("tiny-llama"))
+    model, tok = tiny.make_llama(d)
+    return d, model, tok
+
+
+def test_platform_resolves():
+    code = ("from vllm.platforms import current_platform as p\n"
+            "print('PLATFORM', type(p).__qualname__, p.device_type, p.dispatch_key, p.dist_backend, "
+            "p.is_out_of_tree())\n")
+    r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=300)
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("PLATFORM")]
+    assert line, r.stdout[-3000:] + r.stderr[-3000:]
+    assert line[0].split()[1:] == ["TpuPlatform", "tpu", "PrivateUse1", "tpu", "True"]
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_greedy_matches_hf_fp32(tmp_path, llama, mode):
+    """Prompts of different lengths, more of them than max_num_seqs (continuous batching),
+    in torchtpu's strict and defer_and_fuse eager modes."""
+    d, model, tok = llama
+    ref = tiny.hf_greedy(model, tok, PROMPTS, MAX_TOKENS)
+    res = run_llm(tmp_path, {"model": d, "batches": [PROMPTS], "llm_kwargs": LLM_KWARGS, "sampling": GREEDY},
+                  mode=mode)
+    assert res["platform"] == "TpuPlatform"
+    b = res["batches"][0]
+    assert b["prompt_token_ids"] == [tok(p)["input_ids"] for p in PROMPTS]
+    assert b["token_ids"] == ref
+    assert res["cpu_fallbacks"] == {}, res["cpu_fallbacks"]
+    assert res["native_executions"] > 0
+
+
+def test_chunked_prefill_and_prefix_cache(tmp_path, llama):
+    """Prefill in chunks of 16 tokens; the second generate call hits the prefix cache."""
+    d, model, tok = llama
+    ref = tiny.hf_greedy(model, tok, PREFIX_PROMPTS, MAX_TOKENS)
+    n_shared = len(tok(SHARED)["input_ids"])
+    assert n_shared >= 32 and all(len(tok(p)["input_ids"]) > n_shared + 2 for p in PREFIX_PROMPTS)
+    kwargs = dict(LLM_KWARGS, max_num_batched_tokens=16, max_num_seqs=2, enable_prefix_caching=True,
+                  enable_chunked_prefill=True, disable_log_stats=False)
+    res = run_llm(tmp_path, {"model": d, "batches": [PREFIX_PROMPTS[:1], PREFIX_PROMPTS[1:]],
+                             "llm_kwargs": kwargs, "sampling": GREEDY})
+    first, second = res["batches"]
+    assert first["token_ids"] + second["token_ids"] == ref
+    assert first["num_cached_tokens"] == [0]
+    assert second["num_cached_tokens"][0] >= 32  # whole shared blocks came from the cache
+    assert res["counters"]["vllm:prefix_cache_hits"] >= 32  # vLLM's own stats
+    assert res["cpu_fallbacks"] == {}, res["cpu_fallbacks"]
+
+
+def test_preemption_small_kv_cache(tmp_path, llama):
+    """5 usable KV blocks of 16 tokens for 4 running requests of up to 30 tokens: vLLM preempts
+    (its own counter says so) and recomputes; the tokens still equal HF's."""
+    d, model, tok = llama
+    ref = tiny.hf_greedy(model, tok, PROMPTS, MAX_TOKENS)
+    kwargs = dict(LLM_KWARGS, num_gpu_blocks_override=6, max_model_len=64, disable_log_stats=False)
+    res = run_llm(tmp_path, {"model": d, "batches": [PROMPTS], "llm_kwargs": kwargs, "sampling": GREEDY})
+    assert res["counters"]["vllm:num_preemptions"] >= 1
+    assert res["batches"][0]["token_ids"] == ref
+
+
+def test_greedy_bf16_near_hf(tmp_path, llama):
+    """bfloat16: rounding may flip a near-tie, so each greedy token is checked against the fp32
+    Hugging Face logits of its own prefix (teacher forcing): it must be a (near-)argmax."""
+    import torch
+
+    d, model, tok = llama
+    res = run_llm(tmp_path, {"model": d, "batches": [PROMPTS],
+                             "llm_kwargs": dict(LLM_KWARGS, dtype="bfloat16"), "sampling": GREEDY})
+    b = res["batches"][0]
+    for p_ids, g in zip(b["prompt_token_ids"], b["token_ids"]):
+        assert len(g) == MAX_TOKENS
+        with torch.no_grad():
+            logits = model(torch.tensor([p_ids + g])).logits[0, len(p_ids) - 1:-1]
+        gap = logits.max(-1).values - logits[torch.arange(len(g)), torch.tensor(g)]
+        assert gap.max().item() < 0.1, (gap, logits.std())
+    assert res["cpu_fallbacks"] == {}, res["cpu_fallbacks"]
+
+
+def test_seeded_sampling_reproducible(tmp_path, llama):
+    """temperature/top-k/top-p with a per-request seed: the same tokens on a second call."""
+    d, _, _ = llama
+    sampling = dict(temperature=1.0, top_k=50, top_p=0.9, seed=1234, max_tokens=8, ignore_eos=True)
+    res = run_llm(tmp_path, {"model": d, "batches": [PROMPTS[:2], PROMPTS[:2]], "llm_kwargs": LLM_KWARGS,
+                             "sampling": sampling})
+    first, second = res["batches"]
+    assert first["token_ids"] == second["token_ids"]
+    assert all(len(t) == 8 for t in first["token_ids"])
+
+
+def test_engine_core_process(tmp_path, llama):
+    """vLLM's default: the engine core in its own (spawned) process."""
+    d, model, tok = llama
+    prompts = PROMPTS[:3]
+    ref = tiny.hf_greedy(model, tok, prompts, MAX_TOKENS)
+    res = run_llm(tmp_path, {"model": d, "batches": [prompts], "llm_kwargs": LLM_KWARGS, "sampling": GREEDY},
+                  multiprocessing=True)
+    assert res["batches"][0]["token_ids"] == ref
+
+
+def test_unsupported_dtype_is_named(tmp_path, llama):
+    d, _, _ = llama
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps({"model": d, "batches": [["Hello"]],
+                                "llm_kwargs": dict(LLM_KWARGS, dtype="float64"), "sampling": GREEDY}))
+    r = subprocess.run([sys.executable, os.path.join(HERE, "tiny.py"), "run", str(path)], env=_env(),
+                       capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert r.returncode != 0
+    assert "float64" in (r.stdout + r.stderr)

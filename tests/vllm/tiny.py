@@ -1,0 +1,142 @@
+"""Tiny models for the vLLM tests, built from configs and saved locally (no hub), and a
+driver that runs vLLM's offline ``LLM`` on them in a fresh process.
+
+    python tests/vllm/tiny.py run SPEC.json   # prints one line "RESULT <json>"
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A tiny language model runs on a tpu device through vLLM.",
+    "Paged attention reads keys and values through a block table.",
+    "Hello world! Numbers: 0 1 2 3 4 5 6 7 8 9, and punctuation; too.",
+    "Continuous batching schedules many requests of different lengths.",
+]
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def make_tokenizer(out_dir: str, vocab_size: int = 512):
+    """A byte-level BPE trained on a few sentences, wrapped in PreTrainedTokenizerFast."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>", "<pad>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def make_llama(out_dir: str, seed: int = 0, vocab_size: int = 512):
+    """Tiny Llama: hidden 64, 2 layers, 4 heads, 2 KV heads (GQA), saved with its tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = make_tokenizer(out_dir, vocab_size)
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id, tie_word_embeddings=False, torch_dtype="float32")
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    # Larger-than-default weights so greedy argmaxes are well separated (random init is ~flat).
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.15)
+    model.save_pretrained(out_dir)
+    return model, tok
+
+
+def hf_greedy(model, tok, prompts: list[str], max_tokens: int) -> list[list[int]]:
+    """Hugging Face greedy decoding on CPU, one prompt at a time (no padding), EOS ignored."""
+    import torch
+
+    outs = []
+    for p in prompts:
+        ids = torch.tensor([tok(p)["input_ids"]])
+        with torch.no_grad():
+            g = model.generate(ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
+                               eos_token_id=None, pad_token_id=tok.pad_token_id)
+        outs.append(g[0, ids.shape[1]:].tolist())
+    return outs
+
+
+def run(spec: dict) -> dict:
+    """Runs vLLM's offline LLM on spec["model"]: each of spec["batches"] (lists of prompts) is one
+    ``generate`` call on the same engine; returns token ids, cache hits and torchtpu metrics."""
+    from vllm import LLM, SamplingParams
+
+    try:
+        llm = LLM(model=spec["model"], **spec.get("llm_kwargs", {}))
+        sp = SamplingParams(**spec.get("sampling", {}))
+        import torchtpu
+
+        batches = []
+        for prompts in spec["batches"]:
+            compiles = torchtpu.metrics()["compiles"]  # this process's (0 with an engine-core process)
+            outs = llm.generate(prompts, sp, use_tqdm=False)
+            batches.append({
+                "compiles": torchtpu.metrics()["compiles"] - compiles,
+                "prompt_token_ids": [list(o.prompt_token_ids) for o in outs],
+                "token_ids": [list(o.outputs[0].token_ids) for o in outs],
+                "num_cached_tokens": [o.num_cached_tokens or 0 for o in outs],
+            })
+        counters = {}
+        if spec.get("llm_kwargs", {}).get("disable_log_stats") is False:
+            for mt in llm.get_metrics():  # vLLM's own stats (Prometheus-style counters/gauges)
+                if hasattr(mt, "value"):
+                    counters[mt.name] = counters.get(mt.name, 0) + mt.value
+    except BaseException:
+        # report before `llm` is collected: its shutdown crashes on "tpu" (docs/vllm.md)
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    import torchtpu
+    from vllm.platforms import current_platform
+
+    m = torchtpu.metrics()
+    # `llm` is not deleted: vLLM's engine shutdown calls torch.accelerator.empty_host_cache(),
+    # which crashes on "tpu" (no host allocator registered; docs/vllm.md). The driver exits
+    # with os._exit right after printing.
+    return {
+        "batches": batches,
+        "counters": counters,
+        "platform": type(current_platform).__qualname__,
+        "cpu_fallbacks": m["cpu_fallbacks"],
+        "native_executions": m["native_executions"],
+    }
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "run":
+        with open(sys.argv[2]) as f:
+            spec = json.load(f)
+        try:
+            result = run(spec)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # not through interpreter teardown: vLLM's engine shutdown calls
+            # torch.accelerator.empty_host_cache(), which crashes on "tpu" (docs/vllm.md)
+            os._exit(1)
+        sys.stdout.flush()
+        print("RESULT " + json.dumps(result), flush=True)
+        os._exit(0)  # skip interpreter teardown of engine threads

@@ -1,0 +1,26 @@
+"""torchtpu's vLLM platform plugin (docs/vllm.md).
+
+vLLM finds it through the entry point of the torchtpu distribution
+(``[project.entry-points."vllm.platform_plugins"] torchtpu = "torchtpu.vllm:register"``):
+``register()`` returns the qualified name of :class:`torchtpu.vllm.platform.TpuPlatform`
+when torchtpu has a usable "tpu" device, else None (vLLM then picks another platform).
+
+Importing this package does not import vLLM; ``torchtpu.vllm.platform`` does.
+"""
+from __future__ import annotations
+
+PLATFORM_QUALNAME = "torchtpu.vllm.platform.TpuPlatform"
+
+
+def register() -> str | None:
+    """vLLM platform-plugin hook (group ``vllm.platform_plugins``)."""
+    try:
+        import torch
+
+        import torchtpu  # noqa: F401  registers the "tpu" device and torch.tpu
+    except Exception:  # torchtpu's extension or its PJRT plugin is unusable here
+        return None
+    tpu = getattr(torch, "tpu", None)
+    if tpu is None or not tpu.is_available():
+        return None
+    return PLATFORM_QUALNAME

@@ -1,0 +1,180 @@
+"""vLLM ``Platform`` for torchtpu's "tpu" device (an out-of-tree platform, PlatformEnum.OOT).
+
+vLLM resolves it through the ``vllm.platform_plugins`` entry point (``torchtpu.vllm:register``)
+in every process it starts (engine core, workers). Everything here uses vLLM's public
+extension points: class attributes and classmethods of ``Platform`` and the config objects
+handed to ``check_and_update_config``.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+
+import torchtpu  # noqa: F401  registers the "tpu" device, torch.tpu and the "tpu" c10d backend
+from torchtpu import distributed as _tt_dist
+from vllm.logger import init_logger
+from vllm.platforms.interface import Platform, PlatformEnum
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+logger = init_logger(__name__)
+
+WORKER_QUALNAME = "torchtpu.vllm.worker.TpuWorker"
+ATTN_BACKEND_QUALNAME = "torchtpu.vllm.attention.TpuPagedAttentionBackend"
+DEFAULT_BLOCK_SIZE = 16
+_SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class TpuPlatform(Platform):
+    _enum = PlatformEnum.OOT
+    device_name: str = "tpu"
+    device_type: str = "tpu"
+    # vLLM registers its torch custom ops (unified_attention_with_output, ...) for this key.
+    dispatch_key: str = "PrivateUse1"
+    ray_device_key: str = "TPU"
+    device_control_env_var: str = "TORCHTPU_VISIBLE_DEVICES"
+    dist_backend: str = _tt_dist.BACKEND  # "tpu": torchtpu's c10d backend
+    # CustomOps' forward_native is not compiled (compile mode NONE for now).
+    simple_compile_backend: str = "eager"
+    supported_quantization: list[str] = []
+    additional_env_vars: list[str] = ["TORCHTPU_PLUGIN", "TORCHTPU_MEMORY_LIMIT", "TORCHTPU_MODE",
+                                      "TORCHTPU_VISIBLE_DEVICES", "TORCHTPU_CACHE_DIR"]
+
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        return list(_SUPPORTED_DTYPES)
+
+    # ------------------------------------------------------------ device queries
+    @classmethod
+    def import_kernels(cls) -> None:
+        """No vllm._C: every op runs as a torch op on the tpu device."""
+        import torchtpu  # noqa: F401
+
+    @classmethod
+    def register_triton_kernel_overrides(cls) -> None:
+        """vLLM's core Triton kernels (slot mapping, ...) as torch ops on tpu (torchtpu/vllm/kernels.py)."""
+        from vllm.triton_utils.dispatcher import register_kernels
+
+        from .kernels import OVERRIDES
+
+        register_kernels(OVERRIDES)
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return torch.tpu.get_device_name(device_id)
+
+    @classmethod
+    def get_device_uuid(cls, device_id: int = 0) -> str:
+        info = torch.tpu.get_device_properties(device_id)
+        return f"{info.platform_name}-{info.device_kind}-{device_id}"
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        return int(torch.tpu.mem_get_info(device_id)[1])
+
+    @classmethod
+    def get_current_memory_usage(cls, device: torch.types.Device | None = None) -> float:
+        return float(torch.tpu.memory_allocated(device))
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        torch.tpu.set_device(device)
+
+    @classmethod
+    def manual_seed_all(cls, seed: int) -> None:
+        torch.tpu.manual_seed_all(seed)
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        return False
+
+    @classmethod
+    def inference_mode(cls):
+        return torch.inference_mode(mode=True)
+
+    @classmethod
+    def check_if_supports_dtype(cls, dtype: torch.dtype) -> None:
+        if dtype not in _SUPPORTED_DTYPES:
+            raise ValueError(f"torchtpu's vLLM platform does not support dtype {dtype}; "
+                             f"supported: {', '.join(str(d) for d in _SUPPORTED_DTYPES)}")
+
+    @classmethod
+    def support_static_graph_mode(cls) -> bool:
+        return False
+
+    # ------------------------------------------------------------ attention
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend: "AttentionBackendEnum",
+                             attn_selector_config: "AttentionSelectorConfig",
+                             num_heads: int | None = None) -> str:
+        cfg = attn_selector_config
+        if getattr(cfg, "use_mla", False):
+            raise NotImplementedError("torchtpu's vLLM platform: MLA attention is not supported yet")
+        if getattr(cfg, "use_sparse", False):
+            raise NotImplementedError("torchtpu's vLLM platform: sparse attention is not supported")
+        kv_dtype = getattr(cfg, "kv_cache_dtype", None)
+        if kv_dtype not in (None, "auto", "float16", "bfloat16", "float32"):
+            raise ValueError(f"torchtpu's vLLM platform: kv_cache_dtype {kv_dtype!r} is not supported "
+                             "(use 'auto', the model's dtype)")
+        from .attention import BACKEND_NAME, ensure_registered
+
+        ensure_registered()
+        if selected_backend is not None and getattr(selected_backend, "name", "") != BACKEND_NAME:
+            logger.info("torchtpu: attention backend %s is not available on tpu; using %s",
+                        selected_backend, ATTN_BACKEND_QUALNAME)
+        return ATTN_BACKEND_QUALNAME
+
+    # ------------------------------------------------------------ config
+    @classmethod
+    def check_and_update_config(cls, vllm_config: "VllmConfig") -> None:
+        from vllm.config import CompilationMode
+        from vllm.config.compilation import CUDAGraphMode
+
+        model_config = vllm_config.model_config
+        if model_config is not None:
+            cls.check_if_supports_dtype(model_config.dtype)
+            if not model_config.enforce_eager:
+                logger.info("torchtpu: vLLM's compiled mode is not wired to torchtpu yet; running eager "
+                            "(as with enforce_eager=True)")
+                model_config.enforce_eager = True
+
+        parallel_config = vllm_config.parallel_config
+        if parallel_config.world_size > 1 or parallel_config.data_parallel_size > 1:
+            raise NotImplementedError(
+                "torchtpu's vLLM platform drives one tpu device per engine for now: "
+                f"tensor_parallel_size={parallel_config.tensor_parallel_size}, "
+                f"pipeline_parallel_size={parallel_config.pipeline_parallel_size}, "
+                f"data_parallel_size={parallel_config.data_parallel_size} are not supported")
+        if parallel_config.worker_cls == "auto":
+            parallel_config.worker_cls = WORKER_QUALNAME
+        if getattr(parallel_config, "enable_dbo", False):
+            parallel_config.enable_dbo = False
+
+        cache_config = vllm_config.cache_config
+        if cache_config is not None and not cache_config.user_specified_block_size:
+            cache_config.block_size = DEFAULT_BLOCK_SIZE
+
+        # The runner reads sampled tokens synchronously: no second stream to overlap with.
+        vllm_config.scheduler_config.async_scheduling = False
+
+        compilation_config = vllm_config.compilation_config
+        compilation_config.mode = CompilationMode.NONE
+        compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+        compilation_config.cudagraph_capture_sizes = []
+        if hasattr(compilation_config, "max_cudagraph_capture_size"):
+            compilation_config.max_cudagraph_capture_size = 0
+
+        if vllm_config.lora_config is not None:
+            raise NotImplementedError("torchtpu's vLLM platform: LoRA is not supported yet")
+        if vllm_config.speculative_config is not None:
+            raise NotImplementedError("torchtpu's vLLM platform: speculative decoding is not supported yet")
+
+        # Model runner V2 needs Triton kernels; ours subclasses the V1 runner.
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+        # Workers are started by spawn: a forked child would inherit the parent's PJRT client.
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
