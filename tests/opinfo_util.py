@@ -144,6 +144,10 @@ def sample_args(sample):
 
 # Ops whose non-input tensor arguments must stay on the CPU (index/section lists).
 CPU_ARGS = {"tensor_split"}
+# out= variants that PyTorch itself leaves unwritten for some samples (on CPU too), so
+# the compared `out` tensors hold uninitialized memory: torch.fft.ihfftn over a single
+# dim (torch 2.13 on CPU: `out` keeps its size and contents; the result is not in it).
+OUT_UNWRITTEN = {"fft.ihfftn"}
 
 
 def move_sample(sample, device, grad=False, op=None):
@@ -432,7 +436,9 @@ def run_sample(op, sample, dtype, variants=VARIANTS):
 
         recs.append(_run_pair("inplace", op, cpu_ip, tpu_ip, rtol, atol, values, skip_cpu_error=True))
 
-    if "out" in variants and op.supports_out:
+    if "out" in variants and op.supports_out and op_key(op) in OUT_UNWRITTEN:
+        recs.append(_record("out", "skip", msg="PyTorch leaves out unwritten (OUT_UNWRITTEN)"))
+    elif "out" in variants and op.supports_out:
         cargs, ckw = move_sample(sample, "cpu", op=op)
         try:
             expected = _call(fn, clone_tree(cargs), clone_tree(ckw))

@@ -43,6 +43,9 @@ def _battery(dev):
             torch.isin(i, lng), torch.isin(lng, i, invert=True), (a > 0).any(), a.any(1), (i > 3).any(0, True),
             a.any((0, 1)), (a > 0).all(), i.all(-1), (a > 0).all((1,), keepdim=True),
             torch.scatter(a, 1, lng, c[:2, :2]), torch.scatter(a, 0, lng, 1.5), torch.scatter(i, 1, lng, 7)]
+    # abs/relu: a [1, n] row of a wider tensor (contiguous, odd size-1 stride; torch.istft's
+    # window envelope), a transposed dense input, a [n, 1] column of a transposed tensor
+    out += [a[1:2, 1:].abs(), F.relu(a[1:2, 1:]), c.abs(), F.relu(c), a.t()[:, :1].abs()]
     y = a.clone()
     y.scatter_(1, lng, c[:2, :2]).scatter_(0, lng, -2.0)
     out.append(y)

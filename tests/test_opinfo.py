@@ -45,6 +45,9 @@ FAST_OPS = [
     "sort", "topk", "argsort",
     # creation
     "zeros_like", "full_like", "arange",
+    # fft
+    "fft.fft", "fft.ifft", "fft.rfft", "fft.irfft", "fft.fft2", "fft.rfftn", "fft.irfftn", "fft.hfft",
+    "fft.ihfft", "fft.fftshift", "stft",  # (istft: complex-only samples; tests/test_ops_fft.py)
 ]
 
 # op -> reason: wrong results / errors in the first 2 float32 samples (strict xfail).

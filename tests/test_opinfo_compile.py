@@ -35,6 +35,8 @@ COMPILE_OPS = [
     "where", "masked_fill",
     # sort / creation
     "sort", "topk", "zeros_like", "full_like",
+    # fft
+    "fft.fft", "fft.rfft", "fft.irfft", "fft.fft2", "fft.rfftn", "fft.hfft", "fft.ihfft",
 ]
 
 # op -> reason: wrong results / errors in the compiled variant (strict xfail).

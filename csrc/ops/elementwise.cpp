@@ -789,6 +789,8 @@ std::vector<Value> ConjPhysical(LowerCtx& c) {
   return {b.Op1("stablehlo.complex", {re, b.Unary("negate", im)}, x.type)};
 }
 TT_LOWERINGS(({"aten::conj_physical", "aten::conj_physical_", "aten::conj_physical.out"}), ConjPhysical);
+// Functionalized graphs (value semantics): the conj view is the conjugated value.
+TT_GRAPH_LOWERINGS(({"aten::_conj", "aten::_conj_copy", "aten::conj"}), ConjPhysical);
 
 // mvlgamma(x, p) = sum_{i<p} lgamma(x - i/2) + p(p-1)/4 log(pi)
 std::vector<Value> Mvlgamma(LowerCtx& c) {

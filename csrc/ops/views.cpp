@@ -25,7 +25,7 @@ TT_GRAPH_LOWERINGS(({"aten::view", "aten::_unsafe_view", "aten::reshape", "aten:
                      "aten::unsqueeze", "aten::flatten.using_ints", "aten::unflatten.int", "aten::alias",
                      "aten::detach", "aten::clone", "aten::lift_fresh_copy", "aten::contiguous",
                      "aten::_unsafe_view.out", "aten::view.out", "aten::alias_copy", "aten::detach_copy",
-                     "aten::squeeze_copy", "aten::unsqueeze_copy"}),
+                     "aten::squeeze_copy", "aten::unsqueeze_copy", "aten::resolve_conj", "aten::resolve_neg"}),
                    ReshapeL);
 
 std::vector<Value> ToCopy(LowerCtx& c) { return {Cast(c.b, c.t(0), c.out().et)}; }
@@ -153,6 +153,32 @@ std::vector<Value> ViewDtype(LowerCtx& c) {
   return {c.b.Reshape(flat, ot.dims)};
 }
 TT_GRAPH_LOWERINGS(({"aten::view.dtype"}), ViewDtype);
+
+// view_as_real: complex [..] -> real [.., 2] (re, im); view_as_complex back
+std::vector<Value> ViewAsReal(LowerCtx& c) {
+  Builder& b = c.b;
+  Value x = c.t(0);
+  if (!hlo::IsComplex(x.et())) c.fail("view_as_real is only supported for complex tensors");
+  Type pt = x.type.with_et(hlo::ComplexPart(x.et()));
+  Dims d = x.dims();
+  d.push_back(1);
+  Value re = b.Reshape(b.Op1("stablehlo.real", {x}, pt), d), im = b.Reshape(b.Op1("stablehlo.imag", {x}, pt), d);
+  return {b.Concat({re, im}, (int64_t)d.size() - 1)};
+}
+TT_GRAPH_LOWERINGS(({"aten::view_as_real", "aten::view_as_real_copy"}), ViewAsReal);
+
+std::vector<Value> ViewAsComplex(LowerCtx& c) {
+  Builder& b = c.b;
+  Value x = c.t(0);
+  const Type& o = c.out();
+  if (x.rank() == 0 || x.dims().back() != 2) c.fail("Tensor must have a last dimension of size 2");
+  int64_t l = x.rank() - 1;
+  ET pt = hlo::ComplexPart(o.et);
+  Value re = b.Reshape(Cast(b, b.SliceDim(x, l, 0, 1), pt), o.dims);
+  Value im = b.Reshape(Cast(b, b.SliceDim(x, l, 1, 2), pt), o.dims);
+  return {b.Op1("stablehlo.complex", {re, im}, o)};
+}
+TT_GRAPH_LOWERINGS(({"aten::view_as_complex", "aten::view_as_complex_copy"}), ViewAsComplex);
 
 // copy(self, src): src broadcast into self's shape and dtype
 std::vector<Value> CopyL(LowerCtx& c) { return {Bcast(c.b, c.t(1), c.out().dims, c.out().et)}; }

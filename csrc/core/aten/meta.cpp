@@ -414,8 +414,12 @@ void FullReductionRule(const c10::OperatorHandle&, c10::DispatchKeySet, torch::j
 // abs, relu (no C++ meta function): a tensor like self, for real dtypes and
 // dense inputs (CppRule checks), as TensorIterator allocates it.
 void AbsRule(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* s) {
+  // A contiguous input (size-1 dims may have any stride, e.g. a [1, n] row
+  // of a wider tensor) gets contiguous strides, as TensorIterator gives it;
+  // another dense input (CppRule: no size-1 dims) keeps its strides.
   const at::Tensor& self = (*s)[0].toTensor();
-  at::Tensor out = at::empty_strided(self.sizes(), self.strides(), self.options());
+  at::Tensor out = self.is_contiguous() ? at::empty(self.sizes(), self.options())
+                                        : at::empty_strided(self.sizes(), self.strides(), self.options());
   s->clear();
   s->push_back(std::move(out));
 }
@@ -576,6 +580,11 @@ const c10::KernelFunction* CppRule(const std::string& name, const std::vector<c1
   if (name == "aten::abs" || name == "aten::relu") {
     const at::Tensor& t = args[0].toTensor();
     if (t.is_complex() || !t.is_non_overlapping_and_dense()) return nullptr;
+    // dense but not contiguous: size-1 (or 0) dims make TensorIterator's
+    // stride choice subtle; PyTorch's meta kernel decides
+    if (!t.is_contiguous())
+      for (int64_t d = 0; d < t.dim(); ++d)
+        if (t.size(d) <= 1) return nullptr;
   }
   if ((name == "aten::max" || name == "aten::min") && args[0].toTensor().numel() == 0) return nullptr;
   if (name == "aten::index.Tensor") {
