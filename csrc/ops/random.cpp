@@ -147,6 +147,19 @@ std::vector<Value> Cauchy(LowerCtx& c) {
 }
 TT_RANDOM_LOWERINGS(({"aten::cauchy_"}), Cauchy);
 
+// ---- geometric_(self, p): ceil(log(u) / log1p(-p)), u in (0, 1] (CPU's formula)
+std::vector<Value> Geometric(LowerCtx& c) {
+  const Type& o = c.out();
+  if (Empty(o)) return {c.b.Zeros(o)};
+  ET ft = hlo::IsFloat(o.et) ? MathType(o.et) : ET::F32;
+  Value u = Uniforms(c, ft, o.dims)[0];
+  u = c.b.Sub(c.b.Splat(u.type, 1.0), u);  // (0, 1]
+  Value lq = c.b.Unary("log_plus_one", c.b.Unary("negate", ArgAs(c, 1, o.dims, ft, 0.5)));
+  Value g = c.b.Unary("ceil", c.b.Div(c.b.Unary("log", u), lq));
+  return {Cast(c.b, g, o.et)};
+}
+TT_RANDOM_LOWERINGS(({"aten::geometric_"}), Geometric);
+
 // ---- bernoulli: u < p
 std::vector<Value> Bernoulli(LowerCtx& c) {
   const Type& o = c.out();

@@ -1,4 +1,5 @@
 // PrivateUse1 hooks, device guard, generator.
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -101,7 +102,12 @@ bool IsPinned(const void* p) {
   return (uintptr_t)p < it->first + std::max<size_t>(it->second, 1);
 }
 
-struct TpuPinnedAllocator final : public c10::Allocator {
+// Also the PrivateUse1 host allocator (at::getHostAllocator): what
+// torch.accelerator.empty_host_cache()/host_memory_stats() and pinned-memory
+// bookkeeping reach (without one they dereference null: vLLM calls
+// empty_host_cache at every engine shutdown). Nothing is cached, so emptying
+// the cache frees nothing; there are no streams whose use to record.
+struct TpuPinnedAllocator final : public at::HostAllocator {
   c10::DataPtr allocate(size_t n) override {
     void* p = c10::alloc_cpu(std::max<size_t>(n, 1));
     {
@@ -114,13 +120,20 @@ struct TpuPinnedAllocator final : public c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
+  bool record_event(void*, void*, c10::Stream) override { return true; }
+  void empty_cache() override {}
+  at::HostStats get_stats() override { return {}; }
+  void reset_accumulated_stats() override {}
+  void reset_peak_stats() override {}
 };
 
-at::Allocator* PinnedAllocator() {
+TpuPinnedAllocator* PinnedAllocator() {
   static TpuPinnedAllocator a;
   return &a;
 }
 }  // namespace
+
+REGISTER_HOST_ALLOCATOR(at::kPrivateUse1, PinnedAllocator())
 
 // ---------------------------------------------------------------- hooks
 struct TpuHooks final : public at::PrivateUse1HooksInterface {

@@ -424,6 +424,31 @@ void AbsRule(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack*
   s->push_back(std::move(out));
 }
 
+// In-place random fills whose PyTorch meta is a Python reference that refuses
+// a generator ("generator is not supported in refs"): the output is self,
+// after CPU's argument checks (same messages).
+void RandomFillRule(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* s) {
+  const std::string& name = op.schema().name();
+  at::Tensor self = (*s)[0].toTensor();
+  auto num = [&](size_t i, double dflt) { return i < s->size() && !(*s)[i].isNone() ? (*s)[i].toDouble() : dflt; };
+  if (name == "aten::exponential_") {
+    TORCH_CHECK(at::isFloatingType(self.scalar_type()), "exponential_ not implemented for '", self.scalar_type(), "'");
+    double l = num(1, 1.0);
+    TORCH_CHECK(l > 0.0, "exponential_ expects lambda > 0.0, but found lambda=", l);
+  } else if (name == "aten::log_normal_") {
+    TORCH_CHECK(at::isFloatingType(self.scalar_type()), "log_normal_ not implemented for '", self.scalar_type(), "'");
+    double sd = num(2, 2.0);
+    TORCH_CHECK(sd > 0.0, "log_normal_ expects std > 0.0, but found std=", sd);
+  } else if (name == "aten::cauchy_") {
+    TORCH_CHECK(at::isFloatingType(self.scalar_type()), "cauchy_ not implemented for '", self.scalar_type(), "'");
+  } else if (name == "aten::geometric_") {
+    double p = num(1, 0.5);
+    TORCH_CHECK(0 < p && p < 1, "geometric_ expects p to be in (0, 1), but got p=", p);
+  }
+  s->clear();
+  s->push_back(std::move(self));
+}
+
 // add/sub/mul/div/rsub with a Scalar operand (no C++ meta function of their
 // own): PyTorch's kernels for these overloads call the Tensor overload with
 // the scalar as a wrapped-number 0-d tensor (wrapped_scalar_tensor), so the
@@ -567,6 +592,10 @@ const std::unordered_map<std::string, c10::KernelFunction>& CppRules() {
       {"aten::uniform_", Fn<at::Tensor&(at::Tensor&, double, double, std::optional<at::Generator>),
                             &at::meta::uniform_>()},
       {"aten::fill_.Scalar", Fn<at::Tensor&(at::Tensor&, S), &at::meta::fill_>()},
+      {"aten::exponential_", c10::KernelFunction::makeFromBoxedFunction<&RandomFillRule>()},
+      {"aten::log_normal_", c10::KernelFunction::makeFromBoxedFunction<&RandomFillRule>()},
+      {"aten::cauchy_", c10::KernelFunction::makeFromBoxedFunction<&RandomFillRule>()},
+      {"aten::geometric_", c10::KernelFunction::makeFromBoxedFunction<&RandomFillRule>()},
       {"aten::zero_", Fn<at::Tensor&(at::Tensor&), &at::meta::zero_>()},
   };
   return *rules;
