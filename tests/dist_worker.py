@@ -247,6 +247,73 @@ def oc_sum(x, gloo, world):
     return out
 
 
+# ------------------------------------------------------------------------------- PREMUL_SUM
+def premul_sum(rank, world, tmp):
+    """ReduceOp.PREMUL_SUM(factor) in every reducing collective (Gloo refuses it): the tpu
+    backend scales the inputs by the factor (a Python float or a 0-d tensor) and sums.
+    FSDP2 reduces gradients with it (torchtitan sets a divide factor of 1.0)."""
+    from torch.distributed import _make_nccl_premul_sum
+    from torch.distributed.fsdp import fully_shard
+
+    init("tpu", rank, world, tmp)
+    gloo = dist.new_group(backend="gloo")
+    g = torch.Generator().manual_seed(7 + rank)
+    for factor in (0.5, 1.0, torch.tensor(0.25), torch.tensor(3.0, device=TPU)):
+        f = float(factor)
+        for dtype in (torch.float32, torch.bfloat16):
+            tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+            x = torch.randn(6, 4, generator=g).to(dtype)
+            want = (x * f).clone()
+            dist.all_reduce(want, group=gloo)
+            d = x.to(TPU)
+            dist.all_reduce(d, op=_make_nccl_premul_sum(factor))
+            close(d, want, f"all_reduce PREMUL_SUM({f}) {dtype}", **tol)
+            # reduce (to rank 1)
+            d = x.to(TPU)
+            dist.reduce(d, 1, op=_make_nccl_premul_sum(factor))
+            if rank == 1:
+                close(d, want, f"reduce PREMUL_SUM({f}) {dtype}", **tol)
+            # reduce_scatter_tensor (FSDP2's gradient reduction) and reduce_scatter (lists)
+            x = torch.randn(world * 5, generator=g).to(dtype)
+            od = torch.empty(5, device=TPU, dtype=dtype)
+            dist.reduce_scatter_tensor(od, x.to(TPU), op=_make_nccl_premul_sum(factor))
+            close(od, oc_sum(x.float() * f, gloo, world).to(dtype), f"reduce_scatter_tensor PREMUL_SUM({f})", **tol)
+            ins = [torch.randn(3, generator=g).to(dtype) for _ in range(world)]
+            od = torch.empty(3, device=TPU, dtype=dtype)
+            dist.reduce_scatter(od, [t.to(TPU) for t in ins], op=_make_nccl_premul_sum(factor))
+            oc = torch.empty(3, dtype=dtype)
+            dist.reduce_scatter(oc, [t * f for t in ins], group=gloo)
+            close(od, oc, f"reduce_scatter PREMUL_SUM({f}) {dtype}", **tol)
+    # coalesced forms (FSDP's reduce_scatter_tensor_coalesced, all_reduce_coalesced)
+    xs = [torch.randn(world * 2, generator=g) for _ in range(2)]
+    outs = [torch.empty(2, device=TPU) for _ in xs]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for o, x in zip(outs, xs):
+            dist.reduce_scatter_tensor(o, x.to(TPU), op=_make_nccl_premul_sum(0.5))
+    cm.wait()
+    for o, x in zip(outs, xs):
+        close(o, oc_sum(x * 0.5, gloo, world), "coalesced reduce_scatter_tensor PREMUL_SUM")
+    ds = [x.to(TPU) for x in xs]
+    dist.all_reduce_coalesced(ds, op=_make_nccl_premul_sum(2.0))
+    for d, x in zip(ds, xs):
+        c = x * 2.0
+        dist.all_reduce(c, group=gloo)
+        close(d, c, "all_reduce_coalesced PREMUL_SUM")
+    # FSDP2 with a gradient divide factor: its reduce-scatter uses PREMUL_SUM(1 / factor)
+    torch.manual_seed(0)
+    ref = nn.Linear(8, 4)
+    m = nn.Linear(8, 4).to(TPU)
+    m.load_state_dict(ref.state_dict())
+    fully_shard(m)
+    m.set_gradient_divide_factor(1.0)  # as torchtitan (distributed/fsdp.py)
+    inp = torch.randn(world, 3, 8, generator=torch.Generator().manual_seed(1))
+    m(inp[rank].to(TPU)).square().sum().backward()
+    ref(inp.reshape(-1, 8)).square().sum().backward()  # the sum over ranks
+    for (n, p), q in zip(m.named_parameters(), ref.parameters()):
+        close(p.grad.full_tensor(), q.grad, f"FSDP2 divide factor 1.0: grad {n}", atol=1e-4, rtol=1e-5)
+    dist.destroy_process_group()
+
+
 # ------------------------------------------------------------------------------- init variants
 def init_variants(rank, world, tmp):
     from torch.distributed.device_mesh import init_device_mesh
@@ -498,7 +565,7 @@ def torchrun():
     print("OK", local, desc[1])
 
 
-SCENARIOS = {f.__name__: f for f in (collectives, init_variants, ddp, fsdp, dtensor, dead_rank, hung_rank)}
+SCENARIOS = {f.__name__: f for f in (collectives, premul_sum, init_variants, ddp, fsdp, dtensor, dead_rank, hung_rank)}
 
 if __name__ == "__main__":
     if sys.argv[1] == "torchrun":

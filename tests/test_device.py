@@ -478,3 +478,51 @@ def test_xla_threads_sizes_the_cpu_client_pool_and_pins_nothing(pyrun):
     n1, cpus = map(int, one.stdout.split()[-2:])
     nd, _ = map(int, dflt.stdout.split()[-2:])
     assert n1 == 1 and nd == cpus, (one.stdout, dflt.stdout)
+
+# ---------------------------------------------------------------- what torchtitan reads (issue 28)
+def test_memory_stats_has_cuda_keys():
+    """torchtitan's DeviceMemoryMonitor reads CUDA's key names (-1 when absent)."""
+    torch.tpu.synchronize()
+    torch.tpu.reset_peak_memory_stats()
+    x = torch.empty(1 << 16, device=DEV)  # 256 KiB
+    st = torch.tpu.memory_stats()
+    for k in ("active_bytes.all.peak", "active_bytes.all.current", "allocated_bytes.all.current",
+              "allocated_bytes.all.peak", "reserved_bytes.all.current", "reserved_bytes.all.peak",
+              "num_alloc_retries", "num_ooms", "allocation.all.current", "active.all.current"):
+        assert isinstance(st[k], int) and st[k] >= 0, k
+    assert st["active_bytes.all.peak"] >= st["active_bytes.all.current"] >= 1 << 18
+    assert st["allocated_bytes.all.current"] == torch.tpu.memory_allocated()
+    assert st["reserved_bytes.all.peak"] == torch.tpu.max_memory_reserved()
+    assert st["num_alloc_retries"] == 0
+    assert list(st) == sorted(st)
+    if torch.cuda.is_available():  # same key set as CUDA where one can compare
+        assert set(torch.cuda.memory_stats()) <= set(st) | {"requested_bytes.all.allocated"}
+    del x
+    torch.tpu.reset_peak_memory_stats()
+    assert torch.tpu.memory_stats()["active_bytes.all.peak"] == torch.tpu.memory_allocated()
+
+
+def test_current_device_is_an_int_and_names():
+    # torchtitan: barrier(device_ids=[device_module.current_device()])
+    assert type(torch.tpu.current_device()) is int
+    p = torch.tpu.get_device_properties(torch.device("tpu:0"))
+    assert p.total_memory > 0 and p.name == torch.tpu.get_device_name(torch.device("tpu:0"))
+    from torchtpu.device_module import _device_name
+    info = {"platform_name": "tpu", "device_kind": "TPU v5 lite"}
+    assert _device_name(info) == "TPU v5e"  # torchtitan's TPU peak-FLOPs table keys
+    assert _device_name({"platform_name": "tpu", "device_kind": "TPU v4"}) == "TPU v4"
+    assert _device_name({"platform_name": "cpu", "device_kind": "cpu"}) == "cpu:cpu"
+
+
+def test_rng_state_is_philox_seed_offset_for_dtensor():
+    """DTensor's OffsetBasedRNGTracker reads the state as (seed u64, offset u64) bytes."""
+    from torch.distributed.tensor._random import _PhiloxState
+    torch.tpu.manual_seed(1234)
+    st = _PhiloxState(torch.tpu.get_rng_state())
+    assert st.state.dtype == torch.uint8 and st.state.numel() == 16
+    assert int(st.seed) == 1234 and int(st.offset) == 0
+    a = torch.rand(8, device=DEV)
+    assert int(_PhiloxState(torch.tpu.get_rng_state()).offset) > 0
+    st.offset = torch.tensor([0], dtype=torch.int64)
+    torch.tpu.set_rng_state(st.state)
+    assert torch.equal(torch.rand(8, device=DEV).cpu(), a.cpu())

@@ -77,6 +77,10 @@ def test_collectives_match_gloo_on_cpu():
     launch("collectives")
 
 
+def test_premul_sum_in_every_reducing_collective_and_fsdp2_divide_factor():
+    launch("premul_sum")
+
+
 @pytest.mark.slow
 def test_collectives_4_processes():
     launch("collectives", world=4, timeout=480)

@@ -104,15 +104,27 @@ def synchronize(device=None) -> None:
     _C()._synchronize()
 
 
+def _device_name(info: dict) -> str:
+    """The device's name: Cloud TPUs by their kind (e.g. "TPU v5e"), others "platform:kind".
+
+    A name beginning with "TPU" is what torchtitan's peak-FLOPs table
+    (torchtitan/tools/utils.py, get_peak_flops) looks for; PJRT reports v5e and
+    v6e as "TPU v5 lite" / "TPU v6 lite", named "TPU v5e" / "TPU v6e" here.
+    """
+    kind = str(info["device_kind"])
+    if info["platform_name"] == "tpu" and kind.upper().startswith("TPU"):
+        return kind.replace(" lite", "e")
+    return f"{info['platform_name']}:{kind}"
+
+
 def get_device_name(device=None) -> str:
     _start()
-    info = _C()._device_info()
-    return f"{info['platform_name']}:{info['device_kind']}"
+    return _device_name(_C()._device_info())
 
 
 class _DeviceProperties:
     def __init__(self, info: dict, total: int):
-        self.name = f"{info['platform_name']}:{info['device_kind']}"
+        self.name = _device_name(info)
         self.platform_name = info["platform_name"]
         self.platform_version = info["platform_version"]
         self.device_kind = info["device_kind"]
@@ -199,21 +211,50 @@ def _is_in_bad_fork() -> bool:
 
 # ---------------------------------------------------------------- memory
 def memory_stats(device=None) -> dict[str, Any]:
+    """torch.cuda.memory_stats()'s keys, from torchtpu's own counters.
+
+    Device buffers are freed when their last tensor dies (no caching
+    allocator), so reserved == active == allocated bytes; there are no
+    pools (large/small split), no retries and no inactive splits. Keys CUDA
+    has that mean nothing here are 0. Sorted as CUDA's.
+    """
     s = _C()._memory_stats()
-    out = {
-        "allocated_bytes.all.current": s["allocated_bytes"],
-        "allocated_bytes.all.peak": s["peak_allocated_bytes"],
-        "reserved_bytes.all.current": s["allocated_bytes"],
-        "reserved_bytes.all.peak": s["peak_allocated_bytes"],
-        "active_bytes.all.current": s["allocated_bytes"],
+    cur, peak = s["allocated_bytes"], s["peak_allocated_bytes"]
+    n_cur, n_alloc, n_free = s["live_storages"], s["num_allocs"], s["num_frees"]
+    out: dict[str, Any] = {}
+    for pool in ("all", "large_pool", "small_pool"):
+        big = pool != "small_pool"  # every buffer counts as one "large" pool
+        for stat in ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes"):
+            out[f"{stat}.{pool}.current"] = cur if big else 0
+            out[f"{stat}.{pool}.peak"] = peak if big else 0
+            out[f"{stat}.{pool}.allocated"] = 0
+            out[f"{stat}.{pool}.freed"] = 0
+        for stat in ("allocation", "active", "segment"):
+            out[f"{stat}.{pool}.current"] = n_cur if big else 0
+            out[f"{stat}.{pool}.peak"] = n_cur if big else 0
+            out[f"{stat}.{pool}.allocated"] = n_alloc if big else 0
+            out[f"{stat}.{pool}.freed"] = n_free if big else 0
+        for stat in ("inactive_split", "inactive_split_bytes"):
+            for f in ("current", "peak", "allocated", "freed"):
+                out[f"{stat}.{pool}.{f}"] = 0
+    out.update({
         "num_alloc_retries": 0,
         "num_ooms": s["num_ooms"],
-        "allocation.all.current": s["live_storages"],
-        "allocation.all.allocated": s["num_allocs"],
-        "allocation.all.freed": s["num_frees"],
+        "num_sync_all_streams": 0,
+        "num_device_alloc": n_alloc,
+        "num_device_free": n_free,
+        "max_split_size": -1,
+        "oversize_allocations.current": 0,
+        "oversize_allocations.peak": 0,
+        "oversize_allocations.allocated": 0,
+        "oversize_allocations.freed": 0,
+        "oversize_segments.current": 0,
+        "oversize_segments.peak": 0,
+        "oversize_segments.allocated": 0,
+        "oversize_segments.freed": 0,
         "limit_bytes": s["limit_bytes"],
-    }
-    return out
+    })
+    return dict(sorted(out.items()))
 
 
 def memory_allocated(device=None) -> int:

@@ -1,7 +1,14 @@
 // Attention: scaled_dot_product_attention takes the math path on the tpu
 // device (it is CompositeImplicit and decomposes into bmm / _safe_softmax /
 // where / native_dropout / sum). Softmax, sum and tril live in their family
-// files (nn.cpp, reduce.cpp, shape.cpp); this file adds _safe_softmax.
+// files (nn.cpp, reduce.cpp, shape.cpp); this file adds _safe_softmax and
+// the flash-attention ATen ops (_flash_attention_forward/_backward) that
+// torch.nn.attention.varlen (torchtitan's "varlen" backend) and SDPA's flash
+// path call: computed densely with a mask built from the cumulative sequence
+// lengths (block-diagonal over packed documents), so cost is O(T^2) in the
+// packed token count T.
+#include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "registry.h"
@@ -38,6 +45,244 @@ std::vector<Value> SoftmaxL(LowerCtx& c) {
   return {Softmax(c.b, x, dim, Safe)};
 }
 TT_LOWERINGS(({"aten::_safe_softmax"}), SoftmaxL<true>);
+
+// ---- flash attention (varlen: packed documents; and the padded 4-D form) ----
+
+// dot_general with the result type computed: batch dims, then lhs free, then rhs free.
+Value DotG(Builder& b, Value l, Value r, const Dims& lb, const Dims& rb, const Dims& lc, const Dims& rc, ET et) {
+  Dims out;
+  for (int64_t d : lb) out.push_back(l.dims()[d]);
+  for (int64_t d = 0; d < l.rank(); ++d)
+    if (std::find(lb.begin(), lb.end(), d) == lb.end() && std::find(lc.begin(), lc.end(), d) == lc.end())
+      out.push_back(l.dims()[d]);
+  for (int64_t d = 0; d < r.rank(); ++d)
+    if (std::find(rb.begin(), rb.end(), d) == rb.end() && std::find(rc.begin(), rc.end(), d) == rc.end())
+      out.push_back(r.dims()[d]);
+  return b.DotGeneral(l, r, lb, rb, lc, rc, Type(et, out));
+}
+
+// Per-token document structure (each [T], s64): document id (n_docs: no
+// document, e.g. tokens past cu[-1]), position inside it, the document's own
+// length and the length of the same document on the other side (k for q).
+struct Docs {
+  Value doc, rel, len, other_len;
+};
+
+// cu: [B+1] cumulative offsets (any int type). other: the other side's cu.
+Docs VarlenDocs(Builder& b, Value cu, Value other, int64_t T) {
+  cu = b.Convert(cu, ET::S64);
+  other = b.Convert(other, ET::S64);
+  int64_t n = cu.dims()[0] - 1;
+  Value pos = b.Iota(Type(ET::S64, {T}), 0);
+  Value ends = b.SliceDim(cu, 0, 1, n + 1);  // [n]
+  Value ge = b.Compare(b.Broadcast(pos, {T, n}, {0}), b.Broadcast(ends, {T, n}, {1}), "GE");
+  Value doc = b.Reduce(b.Convert(ge, ET::S64), b.Zeros(Type(ET::S64, {})), {1}, "add");  // [T] in [0, n]
+  Value onehot = b.Compare(b.Broadcast(doc, {T, n + 1}, {0}), b.Iota(Type(ET::S64, {T, n + 1}), 1), "EQ");
+  auto pick = [&](Value vec) {  // vec [n+1] -> vec[doc] per token
+    Value m = b.Select(onehot, b.Broadcast(vec, {T, n + 1}, {1}), b.Zeros(Type(ET::S64, {T, n + 1})));
+    return b.Reduce(m, b.Zeros(Type(ET::S64, {})), {1}, "add");
+  };
+  auto lens = [&](Value c) {  // [n+1]: c[i+1]-c[i], 0 for the last entry
+    Value next = b.Concat({b.SliceDim(c, 0, 1, n + 1), b.SliceDim(c, 0, n, n + 1)}, 0);
+    return b.Sub(next, c);
+  };
+  Docs d;
+  d.doc = doc;
+  d.rel = b.Sub(pos, pick(cu));
+  d.len = pick(lens(cu));
+  d.other_len = pick(lens(other));
+  return d;
+}
+
+// Padded [B, L] layout flattened to T = B * L tokens: document = batch row.
+Docs PaddedDocs(Builder& b, int64_t B, int64_t L, int64_t other_L) {
+  int64_t T = B * L;
+  Value pos = b.Iota(Type(ET::S64, {T}), 0);
+  Value Ls = b.Splat(Type(ET::S64, {T}), (double)L);
+  Docs d;
+  d.doc = b.Div(pos, Ls);
+  d.rel = b.Binary("remainder", pos, Ls);
+  d.len = Ls;
+  d.other_len = b.Splat(Type(ET::S64, {T}), (double)other_L);
+  return d;
+}
+
+struct FlashGeom {
+  bool padded = false;  // 4-D (B, L, H, D) inputs
+  int64_t B = 0, Lq = 0, Lk = 0, Tq = 0, Tk = 0, Hq = 0, Hk = 0, g = 1, D = 0, Dv = 0;
+  double scale = 1;
+};
+
+// mask [Tq, Tk]: same document, inside the (causal / sliding) window.
+// Windows are aligned bottom-right per document, as in flash attention.
+Value FlashMask(Builder& b, const Docs& q, const Docs& k, int64_t n_docs, int64_t Tq, int64_t Tk, int64_t wl,
+                int64_t wr) {
+  Dims sh{Tq, Tk};
+  auto Q = [&](Value v) { return b.Broadcast(v, sh, {0}); };
+  auto K = [&](Value v) { return b.Broadcast(v, sh, {1}); };
+  Value m = b.Compare(Q(q.doc), K(k.doc), "EQ");
+  m = b.Binary("and", m, b.Compare(Q(q.doc), b.Splat(Type(ET::S64, sh), (double)n_docs), "LT"));
+  if (wl >= 0 || wr >= 0) {
+    // diff = k_rel - (q_rel + len_k - len_q)
+    Value qpos = b.Add(q.rel, b.Sub(q.other_len, q.len));
+    Value diff = b.Sub(K(k.rel), Q(qpos));
+    if (wr >= 0) m = b.Binary("and", m, b.Compare(diff, b.Splat(Type(ET::S64, sh), (double)wr), "LE"));
+    if (wl >= 0) m = b.Binary("and", m, b.Compare(diff, b.Splat(Type(ET::S64, sh), (double)-wl), "GE"));
+  }
+  return m;
+}
+
+// Scores [Hk, Tq, g, Tk] (f32, scaled) and the mask broadcast to them.
+std::pair<Value, Value> FlashScores(Builder& b, Value q, Value k, Value mask, const FlashGeom& G) {
+  Value q4 = b.Reshape(q, {G.Tq, G.Hk, G.g, G.D});
+  Value s = DotG(b, q4, k, {1}, {1}, {3}, {2}, ET::F32);  // [Hk, Tq, g, Tk]
+  s = b.Mul(s, b.Splat(s.type, G.scale));
+  return {s, b.Broadcast(mask, s.dims(), {1, 3})};
+}
+
+void FlashWindow(const LowerCtx& c, size_t causal_i, size_t wl_i, size_t wr_i, int64_t& wl, int64_t& wr) {
+  bool causal = c.flag(causal_i);
+  wl = c.i64_or(wl_i, -1);
+  wr = c.i64_or(wr_i, -1);
+  if (causal) wr = 0;  // as ATen's flash kernel does
+}
+
+FlashGeom Geometry(LowerCtx& c, const Value& q, const Value& k, const Value& v, bool padded, size_t scale_i) {
+  FlashGeom G;
+  G.padded = padded;
+  if (padded) {
+    if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4) c.fail("expected 4-D (batch, seq, heads, dim) inputs");
+    G.B = q.dims()[0];
+    G.Lq = q.dims()[1];
+    G.Lk = k.dims()[1];
+    G.Tq = G.B * G.Lq;
+    G.Tk = G.B * G.Lk;
+  } else {
+    if (q.rank() != 3 || k.rank() != 3 || v.rank() != 3) c.fail("expected 3-D (total, heads, dim) inputs with cum_seq");
+    G.Tq = q.dims()[0];
+    G.Tk = k.dims()[0];
+  }
+  G.Hq = q.dims()[q.rank() - 2];
+  G.Hk = k.dims()[k.rank() - 2];
+  G.D = q.dims()[q.rank() - 1];
+  G.Dv = v.dims()[v.rank() - 1];
+  if (G.Hk == 0 || G.Hq % G.Hk != 0)
+    c.fail("the number of query heads (" + std::to_string(G.Hq) + ") must be a multiple of the key/value heads (" +
+           std::to_string(G.Hk) + ")");
+  G.g = G.Hq / G.Hk;
+  G.scale = c.has(scale_i) ? c.f64(scale_i) : 1.0 / std::sqrt((double)G.D);
+  return G;
+}
+
+// Flattens a 4-D (B, L, H, D) tensor to (B*L, H, D), as f32.
+Value Flat(Builder& b, Value t, const FlashGeom& G) {
+  t = Cast(b, t, ET::F32);
+  if (!G.padded) return t;
+  Dims d = t.dims();
+  return b.Reshape(t, {d[0] * d[1], d[2], d[3]});
+}
+
+std::pair<Docs, Docs> FlashDocs(LowerCtx& c, size_t cq_i, size_t ck_i, const FlashGeom& G, int64_t& n_docs) {
+  if (G.padded) {
+    n_docs = G.B;
+    return {PaddedDocs(c.b, G.B, G.Lq, G.Lk), PaddedDocs(c.b, G.B, G.Lk, G.Lq)};
+  }
+  if (!c.has(cq_i) || !c.has(ck_i)) c.fail("3-D inputs need cum_seq_q and cum_seq_k");
+  Value cq = c.t(cq_i), ck = c.t(ck_i);
+  if (cq.rank() != 1 || ck.rank() != 1 || cq.dims()[0] != ck.dims()[0] || cq.dims()[0] < 1)
+    c.fail("cum_seq_q and cum_seq_k must be 1-D with the same number (batch + 1) of entries");
+  n_docs = cq.dims()[0] - 1;
+  return {VarlenDocs(c.b, cq, ck, G.Tq), VarlenDocs(c.b, ck, cq, G.Tk)};
+}
+
+// _flash_attention_forward(q, k, v, cum_seq_q?, cum_seq_k?, max_q, max_k, dropout_p, is_causal,
+//   return_debug_mask, *, scale?, window_size_left?, window_size_right?, seqused_k?, alibi_slopes?,
+//   block_table?, num_splits?) -> (output, softmax_logsumexp, rng_state, unused, debug_attn_mask)
+std::vector<Value> FlashForward(LowerCtx& c) {
+  Builder& b = c.b;
+  if (c.f64_or(7, 0.0) != 0.0) c.fail("dropout_p > 0 is not supported on tpu");
+  if (c.flag(9)) c.fail("return_debug_mask=True is not supported on tpu");
+  if (c.has(13) || c.has(14) || c.has(15)) c.fail("seqused_k, alibi_slopes and block_table are not supported on tpu");
+  Value q0 = c.t(0), k0 = c.t(1), v0 = c.t(2);
+  bool padded = !c.has(3);
+  FlashGeom G = Geometry(c, q0, k0, v0, padded, 10);
+  int64_t wl, wr, n_docs;
+  FlashWindow(c, 8, 11, 12, wl, wr);
+  auto [dq, dk] = FlashDocs(c, 3, 4, G, n_docs);
+  Value q = Flat(b, q0, G), k = Flat(b, k0, G), v = Flat(b, v0, G);
+  Value mask = FlashMask(b, dq, dk, n_docs, G.Tq, G.Tk, wl, wr);
+  auto [s, m4] = FlashScores(b, q, k, mask, G);
+  const double inf = std::numeric_limits<double>::infinity();
+  Value ninf = b.Splat(s.type, -inf);
+  s = b.Select(m4, s, ninf);
+  Value mx = b.Reduce(s, b.Splat(Type(ET::F32, {}), -inf), {3}, "maximum");  // [Hk, Tq, g]
+  Value any = b.Compare(mx, b.Splat(mx.type, -inf), "NE");
+  Value mxs = b.Select(any, mx, b.Zeros(mx.type));
+  Value e = b.Select(m4, b.Unary("exponential", b.Sub(s, b.Broadcast(mxs, s.dims(), {0, 1, 2}))), b.Zeros(s.type));
+  Value l = b.Reduce(e, b.Zeros(Type(ET::F32, {})), {3}, "add");
+  Value lsafe = b.Select(any, l, b.Splat(l.type, 1.0));
+  Value p = b.Div(e, b.Broadcast(lsafe, s.dims(), {0, 1, 2}));
+  // rows with no key: output 0, logsumexp +inf (as flash attention's kernels)
+  Value lse = b.Select(any, b.Add(mxs, b.Unary("log", lsafe)), b.Splat(l.type, inf));
+  Value o = DotG(b, p, v, {0}, {1}, {3}, {0}, ET::F32);  // [Hk, Tq, g, Dv]
+  o = b.Reshape(b.Transpose(o, {1, 0, 2, 3}), {G.Tq, G.Hq, G.Dv});
+  Value lse2 = b.Reshape(b.Transpose(lse, {0, 2, 1}), {G.Hq, G.Tq});  // [Hq, Tq]
+  if (G.padded) {
+    o = b.Reshape(o, {G.B, G.Lq, G.Hq, G.Dv});
+    lse2 = b.Transpose(b.Reshape(lse2, {G.Hq, G.B, G.Lq}), {1, 0, 2});  // [B, Hq, Lq]
+  }
+  std::vector<Value> res{Cast(b, o, c.out(0).et), Cast(b, lse2, c.out(1).et)};
+  res.push_back(b.Zeros(c.out(2)));  // rng state: no dropout
+  res.push_back(b.Zeros(c.out(3)));
+  res.push_back(Value{});  // debug mask: empty
+  return res;
+}
+TT_LOWERINGS(({"aten::_flash_attention_forward"}), FlashForward);
+
+// _flash_attention_backward(grad_out, q, k, v, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+//   dropout_p, is_causal, rng_state, unused, *, scale?, window_size_left?, window_size_right?)
+std::vector<Value> FlashBackward(LowerCtx& c) {
+  Builder& b = c.b;
+  if (c.f64_or(10, 0.0) != 0.0) c.fail("dropout_p > 0 is not supported on tpu");
+  Value q0 = c.t(1), k0 = c.t(2), v0 = c.t(3);
+  // ATen passes undefined (or empty) cum_seq tensors for the padded form
+  bool padded = q0.rank() == 4;
+  FlashGeom G = Geometry(c, q0, k0, v0, padded, 14);
+  int64_t wl, wr, n_docs;
+  FlashWindow(c, 11, 15, 16, wl, wr);
+  auto [dq_, dk_] = FlashDocs(c, 6, 7, G, n_docs);
+  Value q = Flat(b, q0, G), k = Flat(b, k0, G), v = Flat(b, v0, G);
+  Value go = Flat(b, c.t(0), G), out = Flat(b, c.t(4), G);
+  Value lse = Cast(b, c.t(5), ET::F32);
+  if (G.padded) lse = b.Reshape(b.Transpose(lse, {1, 0, 2}), {G.Hq, G.Tq});  // [B,H,L] -> [H, B*L]
+  lse = b.Transpose(b.Reshape(lse, {G.Hk, G.g, G.Tq}), {0, 2, 1});        // [Hk, Tq, g]
+  Value mask = FlashMask(b, dq_, dk_, n_docs, G.Tq, G.Tk, wl, wr);
+  auto [s, m4] = FlashScores(b, q, k, mask, G);
+  Value lse_ok = b.Compare(lse, b.Splat(lse.type, std::numeric_limits<double>::infinity()), "NE");
+  Value lse_s = b.Select(lse_ok, lse, b.Zeros(lse.type));
+  Value p = b.Unary("exponential", b.Sub(s, b.Broadcast(lse_s, s.dims(), {0, 1, 2})));
+  p = b.Select(b.Binary("and", m4, b.Broadcast(lse_ok, s.dims(), {0, 1, 2})), p, b.Zeros(p.type));
+  Value go4 = b.Reshape(go, {G.Tq, G.Hk, G.g, G.Dv});
+  Value dv = DotG(b, p, go4, {0}, {1}, {1, 2}, {0, 2}, ET::F32);      // [Hk, Tk, Dv]
+  Value dp = DotG(b, go4, v, {1}, {1}, {3}, {2}, ET::F32);            // [Hk, Tq, g, Tk]
+  Value dsum = b.Reduce(b.Mul(go, out), b.Zeros(Type(ET::F32, {})), {2}, "add");  // [Tq, Hq]
+  dsum = b.Transpose(b.Reshape(dsum, {G.Tq, G.Hk, G.g}), {1, 0, 2});  // [Hk, Tq, g]
+  Value ds = b.Mul(p, b.Sub(dp, b.Broadcast(dsum, dp.dims(), {0, 1, 2})));
+  ds = b.Mul(ds, b.Splat(ds.type, G.scale));
+  Value dq = DotG(b, ds, k, {0}, {1}, {3}, {0}, ET::F32);  // [Hk, Tq, g, D]
+  dq = b.Reshape(b.Transpose(dq, {1, 0, 2, 3}), {G.Tq, G.Hq, G.D});
+  Value q4 = b.Reshape(q, {G.Tq, G.Hk, G.g, G.D});
+  Value dk = DotG(b, ds, q4, {0}, {1}, {1, 2}, {0, 2}, ET::F32);  // [Hk, Tk, D]
+  dk = b.Transpose(dk, {1, 0, 2});
+  dv = b.Transpose(dv, {1, 0, 2});
+  if (G.padded) {
+    dq = b.Reshape(dq, {G.B, G.Lq, G.Hq, G.D});
+    dk = b.Reshape(dk, {G.B, G.Lk, G.Hk, G.D});
+    dv = b.Reshape(dv, {G.B, G.Lk, G.Hk, G.Dv});
+  }
+  return {Cast(b, dq, c.out(0).et), Cast(b, dk, c.out(1).et), Cast(b, dv, c.out(2).et)};
+}
+TT_LOWERINGS(({"aten::_flash_attention_backward"}), FlashBackward);
 
 }  // namespace
 }  // namespace tt::ops

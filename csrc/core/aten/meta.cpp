@@ -308,10 +308,43 @@ void DebugValidateOutputs(const std::string& name, const MetaResult& mr, const s
 
 
 // Output metadata for ops whose PyTorch meta kernel encodes CUDA-only limits
-// (torch._grouped_mm's demands bf16 and 16-byte aligned strides; transformers'
+// (_flash_attention_forward's output shape, see FlashForwardMeta;
+// torch._grouped_mm's demands bf16 and 16-byte aligned strides; transformers'
 // MoE layers call it in every dtype on non-CPU devices). nullptr: use the
 // meta kernel.
+static OutSpec Contiguous(std::vector<int64_t> sizes, c10::ScalarType dtype) {
+  OutSpec o;
+  auto st = c10::contiguous_strides(sizes);
+  o.sizes = std::move(sizes);
+  o.strides.assign(st.begin(), st.end());
+  o.dtype = dtype;
+  return o;
+}
+
+// aten::_flash_attention_forward: torch's meta gives the output query's
+// shape (empty_like(query): CUDA's flash kernels need the value head dim to
+// equal the query's); the tpu lowering (ops/attention.cpp) allows a value
+// head dim of its own (as MLA uses), so the output is (..., Hq, Dv).
+static std::shared_ptr<MetaResult> FlashForwardMeta(const std::vector<c10::IValue>& args) {
+  const at::Tensor& q = args[0].toTensor();
+  const at::Tensor& v = args[2].toTensor();
+  if (q.dim() < 3 || v.dim() != q.dim() || v.size(-1) == q.size(-1)) return nullptr;  // torch's meta is right
+  bool varlen = !args[3].isNone();
+  std::vector<int64_t> o(q.sizes().begin(), q.sizes().end());
+  o.back() = v.size(-1);
+  std::vector<int64_t> lse = varlen ? std::vector<int64_t>{q.size(1), q.size(0)}
+                                    : std::vector<int64_t>{q.size(0), q.size(2), q.size(1)};
+  auto mr = std::make_shared<MetaResult>();
+  for (OutSpec spec : {Contiguous(o, q.scalar_type()), Contiguous(lse, at::kFloat), Contiguous({2}, at::kUInt64),
+                       Contiguous({}, at::kUInt64), Contiguous({0}, q.scalar_type())}) {
+    mr->rets.emplace_back();
+    mr->rets.back().tensors.push_back(std::move(spec));
+  }
+  return mr;
+}
+
 static std::shared_ptr<MetaResult> OwnMeta(const std::string& name, const std::vector<c10::IValue>& args) {
+  if (name == "aten::_flash_attention_forward" && args.size() >= 4) return FlashForwardMeta(args);
   if (name != "aten::_grouped_mm" || args.size() < 5) return nullptr;
   const at::Tensor& a = args[0].toTensor();
   const at::Tensor& b = args[1].toTensor();
