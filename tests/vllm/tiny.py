@@ -132,7 +132,43 @@ def make_mixtral(out_dir: str, seed: int = 0, vocab_size: int = 512):
     return _save(MixtralForCausalLM, cfg, out_dir, tok, seed)
 
 
-MODELS = {"qwen3": make_qwen3, "gemma": make_gemma, "qwen3_moe": make_qwen3_moe, "mixtral": make_mixtral}
+def make_gemma2(out_dir: str, seed: int = 0, vocab_size: int = 512):
+    """Tiny Gemma2: tied embeddings, attention and final logit soft caps, sliding window on
+    alternate layers (window 8, shorter than the prompts), pre/post norms."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    tok = make_tokenizer(out_dir, vocab_size)
+    cfg = Gemma2Config(**_common(tok, vocab_size), head_dim=16, hidden_activation="gelu_pytorch_tanh",
+                       tie_word_embeddings=True, sliding_window=8, attn_logit_softcapping=50.0,
+                       final_logit_softcapping=30.0, query_pre_attn_scalar=16,
+                       attn_implementation="eager")
+
+    def post(model):
+        model.model.embed_tokens.weight.normal_(0.0, 0.02)
+        model.model.norm.weight.fill_(9.0)
+
+    return _save(Gemma2ForCausalLM, cfg, out_dir, tok, seed, post)
+
+
+def make_gemma3(out_dir: str, seed: int = 0, vocab_size: int = 512):
+    """Tiny Gemma3 (text): tied embeddings, q/k norms, sliding window (8) on all but every 2nd
+    layer, local and global RoPE bases."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    tok = make_tokenizer(out_dir, vocab_size)
+    cfg = Gemma3TextConfig(**_common(tok, vocab_size), head_dim=16, hidden_activation="gelu_pytorch_tanh",
+                           tie_word_embeddings=True, sliding_window=8, sliding_window_pattern=2,
+                           query_pre_attn_scalar=16, attn_implementation="eager")
+
+    def post(model):
+        model.model.embed_tokens.weight.normal_(0.0, 0.02)
+        model.model.norm.weight.fill_(9.0)
+
+    return _save(Gemma3ForCausalLM, cfg, out_dir, tok, seed, post)
+
+
+MODELS = {"qwen3": make_qwen3, "gemma": make_gemma, "qwen3_moe": make_qwen3_moe, "mixtral": make_mixtral,
+          "gemma2": make_gemma2, "gemma3": make_gemma3}
 
 
 def hf_greedy(model, tok, prompts: list[str], max_tokens: int) -> list[list[int]]:
