@@ -33,3 +33,24 @@ def test_family_greedy_matches_hf_fp32(tmp_path, family):
     assert b["prompt_token_ids"] == [tok(p)["input_ids"] for p in PROMPTS]
     assert b["token_ids"] == ref
     assert res["cpu_fallbacks"] == {}, res["cpu_fallbacks"]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma", "gemma2", "gemma3", "qwen3_moe", "mixtral"])
+def test_family_bf16_near_hf(tmp_path, family):
+    """bfloat16: each greedy token is a near-argmax (within 0.15) of HF's fp32 logits of its own
+    prefix (teacher forcing), as test_vllm_offline.py's bf16 test for Llama."""
+    import torch
+
+    d = str(tmp_path / family)
+    model, tok = tiny.MODELS[family](d)
+    prompts = PROMPTS[:4]
+    res = run_llm(tmp_path, {"model": d, "batches": [prompts], "llm_kwargs": dict(LLM_KWARGS, dtype="bfloat16"),
+                             "sampling": dict(GREEDY, max_tokens=8)})
+    b = res["batches"][0]
+    for p_ids, g in zip(b["prompt_token_ids"], b["token_ids"]):
+        assert len(g) == 8
+        with torch.no_grad():
+            logits = model(torch.tensor([p_ids + g])).logits[0, len(p_ids) - 1:-1]
+        gap = logits.max(-1).values - logits[torch.arange(len(g)), torch.tensor(g)]
+        assert gap.max().item() < 0.15, (gap, logits.std())
+    assert res["cpu_fallbacks"] == {}, res["cpu_fallbacks"]
