@@ -50,8 +50,12 @@ def _reference(q, k, v, scale, window, soft_cap):
     return torch.einsum("hls,shd->lhd", torch.softmax(s, -1), v.double()).float()
 
 
-@pytest.mark.parametrize("window,soft_cap", [(None, None), (5, None), (None, 30.0)])
-def test_mixed_batch_matches_dense(window, soft_cap):
+# group_window: the KV cache group's spec window. vLLM merges sliding and full layers of a
+# hybrid model (Gemma2/3) into one FullAttentionSpec carrying the window when its hybrid KV
+# cache manager is off; a full layer (window None) of that group must still attend to all keys.
+@pytest.mark.parametrize("window,soft_cap,group_window",
+                         [(None, None, None), (5, None, 5), (None, 30.0, None), (None, None, 5), (5, None, None)])
+def test_mixed_batch_matches_dense(window, soft_cap, group_window):
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     H, Hkv, D, bs, n_blocks = 4, 2, 8, 4, 32
@@ -101,7 +105,7 @@ def test_mixed_batch_matches_dense(window, soft_cap):
         num_actual_tokens=n_tok, max_query_len=max(qlens), max_seq_len=int(seq.max()),
         block_table_tensor=torch.from_numpy(table).to(dev), slot_mapping=slot_mapping[:n_tok].to(dev),
         seq_lens_cpu_upper_bound=seq)
-    builder = TpuPagedAttentionMetadataBuilder(_Spec(bs, window), ["l0"], None, dev)
+    builder = TpuPagedAttentionMetadataBuilder(_Spec(bs, group_window), ["l0"], None, dev)
     meta = builder.build(0, cm)
     query = torch.randn(n_tok + pad, H, D)
     out = torch.full((n_tok + pad, H, D), float("nan"), device=dev)
@@ -120,3 +124,21 @@ def test_mixed_batch_matches_dense(window, soft_cap):
     for r in range(len(reqs)):
         s = torch.tensor(slots_ctx[r] + slots_new[r])
         torch.testing.assert_close(flat[s], torch.cat([full_k[r], full_v[r]], -1))
+
+
+def test_one_token_kv_write():
+    """A single-token step (batch-1 decode): the key|value lands in its slot; the plugin's
+    extra row for torchtpu defect C (docs/vllm.md) only touches the null block's slot 0."""
+    H, Hkv, D, bs, n_blocks = 4, 2, 8, 4, 8
+    dev = torch.device("tpu")
+    impl = TpuPagedAttentionImpl(H, D, D ** -0.5, num_kv_heads=Hkv)
+    kv_cache = torch.zeros(n_blocks, bs, Hkv, 2 * D).to(dev).permute(0, 2, 1, 3)
+    k, v = torch.randn(1, Hkv, D), torch.randn(1, Hkv, D)
+    slot = 3 * bs + 2
+    impl.do_kv_cache_update(None, k.to(dev), v.to(dev), kv_cache, torch.tensor([slot], device=dev))
+    got = kv_cache.permute(0, 2, 1, 3).cpu().reshape(n_blocks * bs, Hkv, 2 * D)
+    expected = torch.zeros_like(got)
+    expected[slot] = torch.cat([k, v], -1)[0]
+    expected[0] = got[0]  # the null block: not read
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert got[1:bs].abs().sum() == 0  # the rest of the null block untouched

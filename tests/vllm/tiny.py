@@ -60,6 +60,117 @@ def make_llama(out_dir: str, seed: int = 0, vocab_size: int = 512):
     return model, tok
 
 
+def _save(model_cls, cfg, out_dir: str, tok, seed: int, post=None):
+    import torch
+
+    torch.manual_seed(seed)
+    model = model_cls(cfg).eval()
+    # Larger-than-default weights so greedy argmaxes are well separated (random init is ~flat).
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.15)
+        if post is not None:
+            post(model)
+    model.save_pretrained(out_dir)
+    return model, tok
+
+
+def _common(tok, vocab_size: int) -> dict:
+    return dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                torch_dtype="float32")
+
+
+def make_qwen3(out_dir: str, seed: int = 0, vocab_size: int = 512):
+    """Tiny Qwen3: per-head q/k RMSNorm, head_dim 16, GQA 4/2, untied embeddings."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tok = make_tokenizer(out_dir, vocab_size)
+    cfg = Qwen3Config(**_common(tok, vocab_size), head_dim=16, tie_word_embeddings=False)
+    return _save(Qwen3ForCausalLM, cfg, out_dir, tok, seed)
+
+
+def make_gemma(out_dir: str, seed: int = 0, vocab_size: int = 512):
+    """Tiny Gemma: tied embeddings, embeddings scaled by sqrt(hidden), (1 + w) RMSNorm, GeGLU
+    (gelu tanh), head_dim 16, GQA 4/2."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    tok = make_tokenizer(out_dir, vocab_size)
+    cfg = GemmaConfig(**_common(tok, vocab_size), head_dim=16, hidden_activation="gelu_pytorch_tanh",
+                      tie_word_embeddings=True)
+
+    def post(model):
+        # Gemma scales embeddings by sqrt(hidden) and ties the LM head to them: with large
+        # embeddings every token predicts itself. Small embeddings and a final norm of scale
+        # 10 ((1 + w) RMSNorm) keep the logits spread and the tokens varied.
+        model.model.embed_tokens.weight.normal_(0.0, 0.02)
+        model.model.norm.weight.fill_(9.0)
+
+    return _save(GemmaForCausalLM, cfg, out_dir, tok, seed, post)
+
+
+def make_qwen3_moe(out_dir: str, seed: int = 0, vocab_size: int = 512):
+    """Tiny Qwen3-MoE: 4 experts, top-2 routing (normalised), every layer sparse."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tok = make_tokenizer(out_dir, vocab_size)
+    cfg = Qwen3MoeConfig(**_common(tok, vocab_size), head_dim=16, tie_word_embeddings=False,
+                         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                         decoder_sparse_step=1, norm_topk_prob=True, mlp_only_layers=[])
+    return _save(Qwen3MoeForCausalLM, cfg, out_dir, tok, seed)
+
+
+def make_mixtral(out_dir: str, seed: int = 0, vocab_size: int = 512):
+    """Tiny Mixtral: 4 experts, top-2 routing."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    tok = make_tokenizer(out_dir, vocab_size)
+    cfg = MixtralConfig(**_common(tok, vocab_size), num_local_experts=4, num_experts_per_tok=2,
+                        tie_word_embeddings=False)
+    return _save(MixtralForCausalLM, cfg, out_dir, tok, seed)
+
+
+def make_gemma2(out_dir: str, seed: int = 0, vocab_size: int = 512):
+    """Tiny Gemma2: tied embeddings, attention and final logit soft caps, sliding window on
+    alternate layers (window 8, shorter than the prompts), pre/post norms."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    tok = make_tokenizer(out_dir, vocab_size)
+    cfg = Gemma2Config(**_common(tok, vocab_size), head_dim=16, hidden_activation="gelu_pytorch_tanh",
+                       tie_word_embeddings=True, sliding_window=8, attn_logit_softcapping=50.0,
+                       final_logit_softcapping=30.0, query_pre_attn_scalar=16,
+                       attn_implementation="eager")
+
+    def post(model):
+        model.model.embed_tokens.weight.normal_(0.0, 0.02)
+        model.model.norm.weight.fill_(9.0)
+
+    return _save(Gemma2ForCausalLM, cfg, out_dir, tok, seed, post)
+
+
+def make_gemma3(out_dir: str, seed: int = 0, vocab_size: int = 512):
+    """Tiny Gemma3 (text): tied embeddings, q/k norms, sliding window (8) on all but every 2nd
+    layer, local and global RoPE bases."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    tok = make_tokenizer(out_dir, vocab_size)
+    cfg = Gemma3TextConfig(**_common(tok, vocab_size), head_dim=16, hidden_activation="gelu_pytorch_tanh",
+                           tie_word_embeddings=True, sliding_window=8, sliding_window_pattern=2,
+                           query_pre_attn_scalar=16, attn_implementation="eager")
+
+    def post(model):
+        model.model.embed_tokens.weight.normal_(0.0, 0.02)
+        model.model.norm.weight.fill_(9.0)
+
+    return _save(Gemma3ForCausalLM, cfg, out_dir, tok, seed, post)
+
+
+MODELS = {"qwen3": make_qwen3, "gemma": make_gemma, "qwen3_moe": make_qwen3_moe, "mixtral": make_mixtral,
+          "gemma2": make_gemma2, "gemma3": make_gemma3}
+
+
 def hf_greedy(model, tok, prompts: list[str], max_tokens: int) -> list[list[int]]:
     """Hugging Face greedy decoding on CPU, one prompt at a time (no padding), EOS ignored."""
     import torch
@@ -74,6 +185,14 @@ def hf_greedy(model, tok, prompts: list[str], max_tokens: int) -> list[list[int]
     return outs
 
 
+def _completion(c) -> dict:
+    lps = None
+    if c.logprobs is not None:  # per generated token: [[token_id, logprob, rank], ...]
+        lps = [[[int(t), float(lp.logprob), lp.rank] for t, lp in step.items()] for step in c.logprobs]
+    return {"token_ids": list(c.token_ids), "text": c.text, "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason, "logprobs": lps}
+
+
 def run(spec: dict) -> dict:
     """Runs vLLM's offline LLM on spec["model"]: each of spec["batches"] (lists of prompts) is one
     ``generate`` call on the same engine; returns token ids, cache hits and torchtpu metrics."""
@@ -81,7 +200,10 @@ def run(spec: dict) -> dict:
 
     try:
         llm = LLM(model=spec["model"], **spec.get("llm_kwargs", {}))
-        sp = SamplingParams(**spec.get("sampling", {}))
+        sampling = spec.get("sampling", {})
+        # one SamplingParams for all prompts, or a list (one per prompt)
+        sp = ([SamplingParams(**d) for d in sampling] if isinstance(sampling, list)
+              else SamplingParams(**sampling))
         import torchtpu
 
         batches = []
@@ -93,6 +215,8 @@ def run(spec: dict) -> dict:
                 "prompt_token_ids": [list(o.prompt_token_ids) for o in outs],
                 "token_ids": [list(o.outputs[0].token_ids) for o in outs],
                 "num_cached_tokens": [o.num_cached_tokens or 0 for o in outs],
+                # every completion of every request (n > 1), with text, finish reason, logprobs
+                "outputs": [[_completion(c) for c in o.outputs] for o in outs],
             })
         counters = {}
         if spec.get("llm_kwargs", {}).get("disable_log_stats") is False:

@@ -17,7 +17,7 @@ The metadata builder does the host-side index arithmetic once per step and KV-ca
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -102,7 +102,24 @@ class TpuPagedAttentionMetadata(AttentionMetadata):
     q_index: torch.Tensor  # [R*Q] int64: row of the flat query per padded slot
     tok_src: torch.Tensor  # [T] int64: padded slot (r*Q + i) of each actual token
     kv_slots: torch.Tensor  # [R*S] int64: KV cache slot of key position j of request r
-    allowed: torch.Tensor   # [R, 1, 1, Q, S] bool
+    allowed: torch.Tensor   # [R, 1, 1, Q, S] bool: causal
+    q_pos: np.ndarray | None = None     # [R, Q] int64 host positions of the query slots
+    _window_masks: dict = field(default_factory=dict)
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """``allowed`` for a layer with sliding window ``window`` (None: full attention). A model
+        mixing sliding and full layers (Gemma2/3) may have them in one KV cache group, one
+        builder; each layer's own window is applied here, built on the host once per step and
+        window."""
+        if window is None:
+            return self.allowed
+        m = self._window_masks.get(window)
+        if m is None:
+            key_pos = np.arange(self.kv_len, dtype=np.int64)
+            ok = key_pos[None, None, :] > self.q_pos[:, :, None] - window
+            m = self.allowed & torch.from_numpy(ok).to(self.allowed.device).view(self.allowed.shape)
+            self._window_masks[window] = m
+        return m
 
 
 class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentionMetadata]):
@@ -111,7 +128,10 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.block_size = kv_cache_spec.block_size
-        self.sliding_window = getattr(kv_cache_spec, "sliding_window", None)
+        # The group spec's sliding_window is a KV-management hint: with the hybrid KV cache
+        # manager off, vLLM merges sliding and full layers into one FullAttentionSpec carrying
+        # the window (kv_cache_interface.py FullAttentionSpec.merge). Each layer applies its
+        # own window (TpuPagedAttentionMetadata.mask); ``allowed`` is causal only.
         self._arange_bs = torch.arange(self.block_size, dtype=torch.int64, device=device)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
@@ -143,8 +163,6 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
         dev = self.device
         key_pos = np.arange(kv_len, dtype=np.int64)
         allowed = key_pos[None, None, :] <= q_pos[:, :, None]
-        if self.sliding_window is not None:
-            allowed &= key_pos[None, None, :] > q_pos[:, :, None] - self.sliding_window
         allowed_t = torch.from_numpy(allowed).to(dev).view(rows, 1, 1, q_len, kv_len)
 
         row_idx_t = torch.from_numpy(row_idx).to(dev)
@@ -154,7 +172,7 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
             num_actual_tokens=n_tok, num_reqs=n_req, q_rows=rows, q_len=q_len, kv_len=kv_len,
             q_index=torch.from_numpy(q_index.reshape(-1)).to(dev),
             tok_src=torch.from_numpy(tok_src).to(dev),
-            kv_slots=kv_slots, allowed=allowed_t)
+            kv_slots=kv_slots, allowed=allowed_t, q_pos=q_pos)
 
 
 class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):
@@ -193,6 +211,12 @@ class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):
         # Padded tokens carry slot -1: send them to block 0, vLLM's null block (never read).
         slots = torch.where(slot_mapping >= 0, slot_mapping, 0).to(torch.int64)
         kv = torch.cat([key[:n], value[:n]], dim=-1).to(flat.dtype)
+        if n == 1:
+            # torchtpu defect C (docs/vllm.md): a one-row index_copy_ costs a copy of the whole
+            # cache (~36 ms for 32 MB); two rows alias in place. The extra row goes to slot 0 of
+            # the null block (never read).
+            slots = torch.cat([slots, slots.new_zeros(1)])
+            kv = torch.cat([kv, kv])
         flat.index_copy_(0, slots, kv)
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -219,7 +243,7 @@ class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):
         scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * self.scale  # [R, Hkv, G, Q, S]
         if self.logits_soft_cap is not None:
             scores = torch.tanh(scores / self.logits_soft_cap) * self.logits_soft_cap
-        scores = scores.masked_fill(~m.allowed, float("-inf"))
+        scores = scores.masked_fill(~m.mask(self.sliding_window), float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out = torch.matmul(probs, v.float())                               # [R, Hkv, G, Q, Dv]
         out = out.permute(0, 3, 1, 2, 4).reshape(rows * q_len, h, dv)       # [R*Q, H, Dv]

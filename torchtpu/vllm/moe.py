@@ -1,0 +1,115 @@
+"""Unquantized fused MoE on tpu: plain torch ops, static shapes.
+
+vLLM 0.33 selects ``UnquantizedMoeBackend.OOT`` for every out-of-tree platform
+(``model_executor/layers/fused_moe/oracle/unquantized.py`` ``select_unquantized_moe_backend``)
+and builds no expert kernel for it ("OOT handles internally"): the platform is expected to
+register its own ``UnquantizedFusedMoEMethod`` through vLLM's public
+``CustomOp.register_oot`` (the pattern vLLM's ``custom_op.py`` documents for
+out-of-tree MoE methods). Without it, the first MoE forward fails with
+``'UnquantizedFusedMoEMethod' object has no attribute 'is_monolithic'`` (its
+``experts_cls`` is None).
+
+The default router (``FusedTopKRouter``) calls ``vllm._C``'s ``topk_softmax``, which does not
+exist without vLLM's CUDA build, so this method is *monolithic*: vLLM hands it the router
+logits and it does the routing itself (softmax or sigmoid scores, top-k, renormalisation,
+routed scaling), then every expert densely as batched matmuls over the expert axis,
+combined with the routing weights. Shapes depend only on the token count (no gathers of a
+data-dependent size), so each batch size lowers to one XLA program; the compute is
+``num_experts / top_k`` times the sparse minimum, fine for small expert counts.
+Grouped top-k, custom routing functions, score-correction bias, expert parallelism and
+EPLB raise NotImplementedError naming the feature.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+
+_registered = False
+
+
+def _act_and_mul(activation: MoEActivation, h: torch.Tensor) -> torch.Tensor:
+    if activation.is_gated:
+        d = h.shape[-1] // 2
+        g, u = h[..., :d], h[..., d:]
+    else:
+        g, u = h, None
+    name = activation.value.removesuffix("_no_mul")
+    if name == "silu":
+        a = F.silu(g)
+    elif name == "gelu":
+        a = F.gelu(g)
+    elif name == "gelu_tanh":
+        a = F.gelu(g, approximate="tanh")
+    elif name == "relu2":
+        a = torch.square(F.relu(g))
+    else:
+        raise NotImplementedError(f"torchtpu's vLLM MoE: activation {activation.value!r} is not supported")
+    return a if u is None else a * u
+
+
+class TpuUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
+    """vLLM's unquantized MoE method with routing and experts as torch ops (see module doc)."""
+
+    @property
+    def is_monolithic(self) -> bool:
+        return True
+
+    @property
+    def supports_eplb(self) -> bool:
+        return False
+
+    def _check(self, layer) -> None:
+        unsupported = []
+        if getattr(layer, "use_grouped_topk", False):
+            unsupported.append("grouped top-k routing")
+        if getattr(layer, "custom_routing_function", None) is not None:
+            unsupported.append("a custom routing function")
+        if getattr(layer, "e_score_correction_bias", None) is not None:
+            unsupported.append("score-correction bias")
+        if getattr(layer, "expert_map", None) is not None:
+            unsupported.append("expert parallelism (expert_map)")
+        if getattr(layer, "apply_router_weight_on_input", False):
+            unsupported.append("router weights on the input")
+        if self.moe.has_bias:
+            unsupported.append("expert biases")
+        if unsupported:
+            raise NotImplementedError("torchtpu's vLLM MoE does not support " + ", ".join(unsupported) + " yet")
+
+    def apply_monolithic(self, layer, x: torch.Tensor, router_logits: torch.Tensor,
+                         input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        self._check(layer)
+        num_experts = layer.w13_weight.shape[0]
+        scores = router_logits.float()
+        if layer.scoring_func == "softmax":
+            scores = torch.softmax(scores, dim=-1)
+        elif layer.scoring_func == "sigmoid":
+            scores = torch.sigmoid(scores)
+        else:
+            raise NotImplementedError(f"torchtpu's vLLM MoE: scoring function {layer.scoring_func!r}")
+        weights, ids = torch.topk(scores, layer.top_k, dim=-1)
+        if layer.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if layer.routed_scaling_factor != 1.0:
+            weights = weights * layer.routed_scaling_factor
+        # [T, E] combine weights: zero for experts a token was not routed to.
+        combine = (F.one_hot(ids.long(), num_experts).to(weights.dtype) * weights.unsqueeze(-1)).sum(1)
+        h = torch.einsum("th,eih->eti", x, layer.w13_weight)        # [E, T, 2I]
+        a = _act_and_mul(layer.activation, h)                        # [E, T, I]
+        y = torch.einsum("eti,ehi->eth", a, layer.w2_weight)         # [E, T, H]
+        return torch.einsum("te,eth->th", combine.to(y.dtype), y)
+
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
+        raise AssertionError("torchtpu's MoE method is monolithic (routes inside apply_monolithic)")
+
+
+def register() -> None:
+    """Registers the tpu MoE method with vLLM's public out-of-tree CustomOp registry (once per
+    process, before the model is built)."""
+    global _registered
+    if _registered:
+        return
+    UnquantizedFusedMoEMethod.register_oot(TpuUnquantizedFusedMoEMethod, name="UnquantizedFusedMoEMethod")
+    _registered = True
