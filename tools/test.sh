@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 TORCH=${TORCH:-2.13.0}
 PY=${PYTHON:-python3}
 BUILD_ARGS=()
+# torchtitan 0.3.0 needs torch 2.14: its trainer's tests (tests/test_titan.py) run in the 2.14 tier
+EXTRAS=test
 if [ "$TORCH" != "2.13.0" ]; then
   if [ -z "${PYTHON:-}" ]; then
     VENV=${TORCHTPU_TORCH_VENV:-$HOME/.cache/torchtpu/venv-torch$TORCH}
@@ -18,6 +20,7 @@ if [ "$TORCH" != "2.13.0" ]; then
   fi
   # a build dir per torch: both builds stay incremental
   BUILD_ARGS=(-C "build-dir=build/torch$TORCH")
+  case "$TORCH" in 2.13.*) ;; *) EXTRAS=test,titan ;; esac
 fi
 echo "== torch $TORCH ($PY)"
 # Relative paths in ccache keys: rebuilds of another clone reuse the cache.
@@ -30,7 +33,7 @@ fi
 
 $PY -m pip install -q --disable-pip-version-check "torch==$TORCH" scikit-build-core ninja xla-cpu-pjrt numpy
 TORCH_DEVICE_BACKEND_AUTOLOAD=0 $PY -m pip install -q --disable-pip-version-check --no-build-isolation \
-  ${BUILD_ARGS[@]+"${BUILD_ARGS[@]}"} '.[test]'
+  ${BUILD_ARGS[@]+"${BUILD_ARGS[@]}"} "torch==$TORCH" ".[$EXTRAS]"
 
 if [ "$TORCH" != "2.13.0" ]; then BUILD_DIR=build/torch$TORCH; else BUILD_DIR=$(ls -d build/cp3*-* 2>/dev/null | head -1); fi
 if [ -n "$BUILD_DIR" ] && [ -f "$BUILD_DIR/tt_core_tests" ]; then
