@@ -148,6 +148,35 @@ def test_take_put_index_fill_copy():
     check(lambda t, i, s: t.index_copy(1, i, s), X, torch.tensor([3, 0]), torch.randn(4, 2), grad=(0, 2))
 
 
+def test_one_window_writes():
+    # one-row / one-point scatters get a second window that changes nothing
+    # (XLA copies the whole operand for a single-window scatter): values, -0.0
+    # signs, negative indices and every reduction as on CPU
+    kv = torch.randn(64, 2, 3)
+    one, row = torch.tensor([7]), torch.randn(1, 2, 3)
+    check(lambda t, i, s: t.clone().index_copy_(0, i, s), kv, one, row)
+    check(lambda t, i, s: t.clone().index_add_(0, i, s), kv, one, row)
+    z = torch.zeros(4, 2)
+    z[1] = -0.0
+    got = z.to(DEV).index_add_(0, torch.tensor([1], device=DEV), torch.full((1, 2), -0.0, device=DEV)).cpu()
+    assert torch.equal(got.signbit(), z.clone().index_add_(0, torch.tensor([1]), torch.full((1, 2), -0.0)).signbit())
+    check(lambda t, i, s: t.clone().index_add_(0, i, s, alpha=3), XI, torch.tensor([2]), torch.randint(0, 5, (1, 6)))
+    check(lambda t, i: t.clone().index_fill_(0, i, 3.0), kv, one)
+    check(lambda t, i, s: t.clone().put_(i, s), X, torch.tensor([5]), torch.tensor([9.]))
+    check(lambda t, i, s: t.clone().put_(i, s, accumulate=True), X, torch.tensor([-1]), torch.tensor([9.]))
+    for acc in (False, True):
+        check(lambda t, i, s: t.clone().index_put_((i,), s, accumulate=acc), kv, one, row)
+        check(lambda t, i, j, s: t.clone().index_put_((i, j), s, accumulate=acc), kv, one, torch.tensor([1]),
+              torch.randn(1, 3))
+        check(lambda t, i, s: t.clone().index_put_((i,), s, accumulate=acc), X, torch.tensor(2), torch.randn(6))
+    for red in ("sum", "prod", "amax", "amin", "mean"):
+        check(lambda t, i, s: t.clone().scatter_reduce_(0, i, s, red), X, torch.tensor([[3]]), torch.tensor([[4.]]))
+    check(lambda t, i, s: t.clone().scatter_(0, i, s), X, torch.tensor([[3]]), torch.tensor([[4.]]))
+    check(lambda t, i, s: t.clone().scatter_add_(0, i, s), X, torch.tensor([[3]]), torch.tensor([[4.]]))
+    b = torch.zeros(5, dtype=torch.bool)
+    check(lambda t, i: t.clone().index_fill_(0, i, True), b, torch.tensor([4]))
+
+
 def test_masked_scatter():
     m = X > 0
     check(lambda t, mm, s: t.masked_scatter(mm, s), X, m, torch.randn(30), grad=(0, 2))

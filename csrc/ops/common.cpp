@@ -307,6 +307,16 @@ hlo::Region ScatterCombiner(ET et, const std::string& how) {
   return reg;
 }
 
+void AvoidSingleWindow(Builder& b, Value& coords, Value& upd, int64_t windows, const std::string& how) {
+  if (windows != 1 || coords.rank() < 2 || upd.rank() < 1 || coords.dims()[0] != 1 || upd.dims()[0] != 1) return;
+  Value second = upd;
+  if (how == "add") second = b.Splat(upd.type, -0.0);
+  else if (how == "multiply") second = b.Splat(upd.type, 1.0);
+  else if (how != "replace" && how != "max" && how != "min") return;
+  coords = b.Concat({coords, coords}, 0);
+  upd = b.Concat({upd, second}, 0);
+}
+
 std::string PadAttr(const Dims& lo, const Dims& hi) {
   std::string s = "dense<[";
   for (size_t i = 0; i < lo.size(); ++i) {

@@ -281,7 +281,11 @@ std::vector<Value> IndexPut(LowerCtx& c) {
   for (auto d : res)
     if (d == 0) return {x};
   Value u = b.Transpose(b.BroadcastTo(vals, res), Inverse(mp));
-  Value r = b.Op1("stablehlo.scatter", {a.xt, a.coords, u}, a.xt.type,
+  int64_t windows = 1;
+  for (auto d : a.B) windows *= d;
+  Value coords = a.coords;
+  if (nb > 0) AvoidSingleWindow(b, coords, u, windows, acc ? "add" : "replace");
+  Value r = b.Op1("stablehlo.scatter", {a.xt, coords, u}, a.xt.type,
                   "scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = " +
                       Seq(nb, nb + a.rest.size()) + ", inserted_window_dims = " + Seq(0, nd) +
                       ", scatter_dims_to_operand_dims = " + Seq(0, nd) + ", index_vector_dim = " +

@@ -23,7 +23,9 @@ Value RowScatter(Builder& b, Value x, Value idx, Value upd, const std::string& h
   idx = b.Reshape(Cast(b, idx, ET::S64), {k, 1});
   Dims win;
   for (int d = 1; d < r; ++d) win.push_back(d);
-  return b.Op1("stablehlo.scatter", {x, idx, Cast(b, upd, x.et())}, x.type,
+  upd = Cast(b, upd, x.et());
+  AvoidSingleWindow(b, idx, upd, k, how);
+  return b.Op1("stablehlo.scatter", {x, idx, upd}, x.type,
                "scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = " + hlo::IntList(win) +
                    ", inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, "
                    "indices_are_sorted = false, unique_indices = false",

@@ -211,12 +211,6 @@ class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):
         # Padded tokens carry slot -1: send them to block 0, vLLM's null block (never read).
         slots = torch.where(slot_mapping >= 0, slot_mapping, 0).to(torch.int64)
         kv = torch.cat([key[:n], value[:n]], dim=-1).to(flat.dtype)
-        if n == 1:
-            # torchtpu defect C (docs/vllm.md): a one-row index_copy_ costs a copy of the whole
-            # cache (~36 ms for 32 MB); two rows alias in place. The extra row goes to slot 0 of
-            # the null block (never read).
-            slots = torch.cat([slots, slots.new_zeros(1)])
-            kv = torch.cat([kv, kv])
         flat.index_copy_(0, slots, kv)
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
