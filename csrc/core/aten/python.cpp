@@ -10,6 +10,32 @@
 #include "runtime/runtime.h"
 #include "core/device/storage.h"
 
+#include <torch/csrc/autograd/autograd.h>
+
+namespace {
+// The autograd engine's tpu thread drops a finished backward pass (its
+// GraphTask, which holds the caller's thread-local state, Python objects among
+// it) at the end of its loop turn. If the caller has moved on and that turn
+// ends only once the interpreter finalizes (a loaded machine can delay it that
+// long), the thread takes the GIL, Python ends it with pthread_exit, and the
+// unwinding through torch's noexcept code aborts the process ("terminate
+// called without an active exception" at the exit of torchrun jobs; CUDA's
+// device threads have the same race). One more pass through that thread, a
+// zero-element view (nothing compiles or runs), makes it finish the earlier
+// turn while the interpreter is intact (at exit, before finalization).
+void SettleAutogradThread() {
+  if (!tt::Started()) return;  // no tpu tensor ever made: no device thread ran for it
+  try {
+    auto opts = at::TensorOptions().device(c10::Device(c10::kPrivateUse1, tt::CurrentDeviceIndex()));
+    for (int i = 0; i < 2; ++i) {
+      at::Tensor x = at::empty({0}, opts).requires_grad_(true);
+      torch::autograd::backward({x.view({0})}, {at::empty({0}, opts)});
+    }
+  } catch (...) {  // at exit: nothing to report to
+  }
+}
+}  // namespace
+
 namespace tt {
 void RegisterNativeKernels();
 void PushWarmup();  // kernels.cpp: torchtpu.warmup()
@@ -110,6 +136,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_pop_thread_mode", &tt::PopThreadMode);
   m.def("_synchronize", []() { tt::SynchronizeDevice(); });
   m.def("_shutdown", []() {
+    SettleAutogradThread();
     tt::Runtime::CancelCompiles();
     try {
       tt::DrainLaunches();

@@ -27,6 +27,7 @@
 #include <atomic>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 namespace tt {
 namespace {
@@ -69,6 +70,23 @@ void CopyBack(const at::Tensor& dst, const at::Tensor& src) {
 
 void CopyBack(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src) {
   for (size_t i = 0; i < dst.size(); ++i) CopyBack(dst[i], src[i]);
+}
+
+// Waits for a Gloo collective and then for Gloo's worker thread to let go of
+// it, so that the work is destroyed here and not in that thread. A work keeps
+// the caller's thread-local state (Python objects among it: dispatch modes,
+// saved-tensor hooks); a Gloo thread that drops the last reference takes the
+// GIL to free them, and at interpreter exit a thread that takes the GIL is
+// ended: pthread_exit unwinding through Gloo's noexcept destructor calls
+// std::terminate ("terminate called without an active exception", seen at
+// the exit of torchrun jobs). The worker lets go right after completing the
+// work; the wait is bounded in case something else keeps it.
+void Finish(const WorkPtr& w) {
+  w->wait();
+  for (int i = 0; w.use_count() > 1 && i < 20000; ++i) {
+    if (i < 100) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 WorkPtr Done(std::vector<at::Tensor> outputs) {
@@ -160,7 +178,7 @@ class StagedBackend : public c10d::Backend {
   WorkPtr broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override {
     Check("broadcast", 1, tensors, {opts.rootRank});
     auto host = ToHost(tensors);
-    host_->broadcast(host, opts)->wait();
+    Finish(host_->broadcast(host, opts));
     CopyBack(tensors, host);
     return Done(tensors);
   }
@@ -180,7 +198,7 @@ class StagedBackend : public c10d::Backend {
     auto host = ToHost(tensors);
     c10d::ReduceOptions o = opts;
     o.reduceOp = PreReduce("reduce", host, opts.reduceOp);
-    host_->reduce(host, o)->wait();
+    Finish(host_->reduce(host, o));
     if (getRank() == opts.rootRank) {
       PostReduce(host, opts.reduceOp);
       CopyBack(tensors, host);
@@ -203,7 +221,7 @@ class StagedBackend : public c10d::Backend {
     Check("all_gather_into_tensor", 6, {input}, {});
     auto in = ToHost(input);
     auto out = HostBuffer(output);
-    host_->_allgather_base(out, in, opts)->wait();
+    Finish(host_->_allgather_base(out, in, opts));
     CopyBack(output, out);
     return Done({output});
   }
@@ -232,7 +250,7 @@ class StagedBackend : public c10d::Backend {
     auto out = HostBuffers(outputs);
     std::vector<std::vector<at::Tensor>> in;
     for (auto& i : inputs) in.push_back(ToHost(i));
-    host_->scatter(out, in, opts)->wait();
+    Finish(host_->scatter(out, in, opts));
     CopyBack(outputs, out);
     return Done(outputs);
   }
@@ -247,7 +265,7 @@ class StagedBackend : public c10d::Backend {
       in.push_back(ToHost(i));
       o.reduceOp = PreReduce("reduce_scatter", in.back(), opts.reduceOp);
     }
-    host_->reduce_scatter(out, in, o)->wait();
+    Finish(host_->reduce_scatter(out, in, o));
     PostReduce(out, opts.reduceOp);
     CopyBack(outputs, out);
     return Done(outputs);
@@ -265,7 +283,7 @@ class StagedBackend : public c10d::Backend {
     auto out = HostBuffer(output);
     c10d::ReduceScatterOptions o = opts;
     o.reduceOp = PreReduce("reduce_scatter_tensor", in, opts.reduceOp);
-    host_->_reduce_scatter_base(out, in[0], o)->wait();
+    Finish(host_->_reduce_scatter_base(out, in[0], o));
     std::vector<at::Tensor> outs{out};
     PostReduce(outs, opts.reduceOp);
     CopyBack(output, out);
@@ -311,7 +329,7 @@ class StagedBackend : public c10d::Backend {
     Check("all_to_all_single", 12, {input}, {}, &send, &recv);
     auto in = ToHost(input);
     auto out = HostBuffer(output);
-    host_->alltoall_base(out, in, outSplits, inSplits, opts)->wait();
+    Finish(host_->alltoall_base(out, in, outSplits, inSplits, opts));
     CopyBack(output, out);
     return Done({output});
   }
@@ -341,7 +359,7 @@ class StagedBackend : public c10d::Backend {
     for (auto n : recv) total += n;
     auto out = at::empty({total}, in.options());
     auto outCounts = recv, inCounts = send;  // Gloo moves the split vectors away
-    host_->alltoall_base(out, in, outCounts, inCounts, opts)->wait();
+    Finish(host_->alltoall_base(out, in, outCounts, inCounts, opts));
     int64_t off = 0;
     for (int64_t i = 0; i < W; ++i) {
       CopyBack(outputs[i], out.narrow(0, off, recv[i]).view(outputs[i].sizes()));
@@ -352,7 +370,7 @@ class StagedBackend : public c10d::Backend {
 
   WorkPtr barrier(const c10d::BarrierOptions& opts) override {
     Check("barrier", 14, {}, {});
-    host_->barrier(opts)->wait();
+    Finish(host_->barrier(opts));
     return Done({});
   }
 
@@ -397,7 +415,7 @@ class StagedBackend : public c10d::Backend {
     auto host = ToHost(tensors);
     Opts o = opts;
     o.reduceOp = PreReduce(op, host, opts.reduceOp);
-    run(host, o)->wait();
+    Finish(run(host, o));
     PostReduce(host, opts.reduceOp);
     CopyBack(tensors, host);
     return Done(tensors);
@@ -409,7 +427,7 @@ class StagedBackend : public c10d::Backend {
     auto in = ToHost(inputs);
     std::vector<std::vector<at::Tensor>> out;
     for (auto& o : outputs) out.push_back(HostBuffers(o));
-    run(out, in)->wait();
+    Finish(run(out, in));
     for (size_t i = 0; i < outputs.size(); ++i) CopyBack(outputs[i], out[i]);
     return Done(Flat(outputs));
   }
@@ -440,7 +458,7 @@ class StagedBackend : public c10d::Backend {
                   " elements of ", dtype, " but the receiving tensor has ", dst.numel(), " elements of ",
                   dst.scalar_type());
       std::vector<at::Tensor> buf{host};
-      self->host_->recv(buf, from, tag)->wait();
+      Finish(self->host_->recv(buf, from, tag));
       CopyBack(dst, host);
       return from;
     };
@@ -541,7 +559,7 @@ class StagedBackend : public c10d::Backend {
     auto mine = at::tensor(h, at::kLong);
     auto all = at::empty({W * K}, at::kLong);
     c10d::AllgatherOptions o;
-    host_->_allgather_base(all, mine, o)->wait();
+    Finish(host_->_allgather_base(all, mine, o));
     auto a = all.accessor<int64_t, 1>();
     static const char* fields[] = {"collective", "dtype", "number of tensors", "number of elements",
                                    "argument", "argument", "argument", "argument"};
