@@ -10,6 +10,7 @@ temporary directory. For each concurrency c, c requests of ``--prompt-len`` rand
 (fresh ones every trial, prefix caching off) ask for ``--new`` greedy tokens (EOS ignored):
 
   * vllm_tpu: ``LLM.generate`` of the c requests in one call (continuous batching, enforce_eager;
+    vllm_compiled: the same with vLLM's compiled steps, enforce_eager=False, a second engine;
     vLLM's in-process engine, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so torchtpu's metrics see
     the engine's compiles); TTFT is vLLM's own per-request ``first_token_latency`` (median over
     the c requests);
@@ -52,7 +53,7 @@ import torch  # noqa: E402
 
 import torchtpu  # noqa: E402
 
-CONFIGS = ("vllm_tpu", "static_tpu", "hf_cpu")
+CONFIGS = ("vllm_tpu", "vllm_compiled", "static_tpu", "hf_cpu")
 
 
 def thread_settings() -> dict:
@@ -108,13 +109,18 @@ def main():
 
     c_max = max(args.concurrency)
     t0 = time.perf_counter()
-    llm = LLM(model=d, dtype="float32", enforce_eager=True, max_model_len=16 + args.new + 16,
-              max_num_seqs=c_max, max_num_batched_tokens=max(256, c_max * args.prompt_len),
-              enable_prefix_caching=False, kv_cache_memory_bytes=64 << 20, disable_log_stats=False, seed=0)
-    engine_init_s = time.perf_counter() - t0
+    llms, engine_init = {}, {}
+    for cfg, eager in (("vllm_tpu", True), ("vllm_compiled", False)):
+        t0 = time.perf_counter()
+        llms[cfg] = LLM(model=d, dtype="float32", enforce_eager=eager, max_model_len=16 + args.new + 16,
+                        max_num_seqs=c_max, max_num_batched_tokens=max(256, c_max * args.prompt_len),
+                        enable_prefix_caching=False, kv_cache_memory_bytes=64 << 20, disable_log_stats=False,
+                        seed=0)
+        engine_init[cfg] = round(time.perf_counter() - t0, 2)
+    engine_init_s = engine_init["vllm_tpu"]
     sp = SamplingParams(temperature=0, max_tokens=args.new, ignore_eos=True)
     threads_after = thread_settings()
-    print(f"vLLM engine up in {engine_init_s:.1f} s; threads now:", json.dumps(threads_after), flush=True)
+    print(f"vLLM engines up in {engine_init} s; threads now:", json.dumps(threads_after), flush=True)
 
     # vLLM sets torch's intra-op threads to 1 in the engine ("for serving"); hf_cpu runs with the
     # count this process started with (--cpu-threads overrides). The tpu configurations run on
@@ -135,8 +141,8 @@ def main():
         c = ids.shape[0]
         before = torchtpu.metrics()["compiles"]
         t = time.perf_counter()
-        if cfg == "vllm_tpu":
-            outs = llm.generate([{"prompt_token_ids": r} for r in ids.tolist()], sp, use_tqdm=False)
+        if cfg in llms:
+            outs = llms[cfg].generate([{"prompt_token_ids": r} for r in ids.tolist()], sp, use_tqdm=False)
             wall = time.perf_counter() - t
             toks = [list(o.outputs[0].token_ids) for o in outs]
             ttft = statistics.median(o.metrics.first_token_latency for o in outs)
@@ -161,7 +167,7 @@ def main():
 
     report = {"plugin": torchtpu._plugin_kind, "new_tokens": args.new, "prompt_len": args.prompt_len,
               "trials": args.trials, "threads_start": threads_before, "threads_after_engine": threads_after,
-              "engine_init_s": round(engine_init_s, 2), "hf_cpu_threads": cpu_threads,
+              "engine_init_s": engine_init, "hf_cpu_threads": cpu_threads,
               "host_tier_runs": host_runs, "results": []}
     for c in args.concurrency:
         res = {"concurrency": c}
@@ -177,7 +183,7 @@ def main():
             res[cfg] = {"warmup_s": round(time.perf_counter() - t, 2), "warmup_compiles": comp,
                         "warmup_requests": 1 + (host_runs if cfg != "hf_cpu" else 0),
                         "tok_s": [], "ttft_ms": [], "compiles": 0}
-        res["tokens_equal_hf_cpu"] = {cfg: warm[cfg] == warm["hf_cpu"] for cfg in CONFIGS[:2]}
+        res["tokens_equal_hf_cpu"] = {cfg: warm[cfg] == warm["hf_cpu"] for cfg in CONFIGS[:-1]}
         for _ in range(args.trials):
             ids = prompts(c)
             for cfg in CONFIGS:  # the configurations take turns, trial by trial
@@ -192,10 +198,11 @@ def main():
                 x[k] = round(statistics.median(v), 2)
                 x[k + "_spread"] = [round(min(v), 2), round(max(v), 2)]
             x["compiles_per_request"] = round(x.pop("compiles") / (c * args.trials), 2)
-        for cfg in CONFIGS[:2]:
+        for cfg in CONFIGS[:-1]:
             res[f"{cfg}_tok_s_vs_hf_cpu"] = round(res[cfg]["tok_s"] / res["hf_cpu"]["tok_s"], 2)
             res[f"{cfg}_ttft_vs_hf_cpu"] = round(res[cfg]["ttft_ms"] / res["hf_cpu"]["ttft_ms"], 2)
         res["vllm_tpu_tok_s_vs_static_tpu"] = round(res["vllm_tpu"]["tok_s"] / res["static_tpu"]["tok_s"], 2)
+        res["vllm_compiled_tok_s_vs_vllm_tpu"] = round(res["vllm_compiled"]["tok_s"] / res["vllm_tpu"]["tok_s"], 2)
         report["results"].append(res)
 
         print(f"\nconcurrency {c}: greedy tokens equal to hf_cpu: {res['tokens_equal_hf_cpu']}")
@@ -207,7 +214,8 @@ def main():
                   f"{x['ttft_ms']:9.1f} {x['ttft_ms_spread'][0]:8.1f}-{x['ttft_ms_spread'][1]:<8.1f} "
                   f"{x['warmup_s']:9.2f} {x['compiles_per_request'] if cfg != 'hf_cpu' else '-':>12}")
         print(f"  ratios: tok/s vllm/hf_cpu {res['vllm_tpu_tok_s_vs_hf_cpu']}x, static/hf_cpu "
-              f"{res['static_tpu_tok_s_vs_hf_cpu']}x, vllm/static {res['vllm_tpu_tok_s_vs_static_tpu']}x; "
+              f"{res['static_tpu_tok_s_vs_hf_cpu']}x, vllm/static {res['vllm_tpu_tok_s_vs_static_tpu']}x, "
+              f"vllm compiled/eager {res['vllm_compiled_tok_s_vs_vllm_tpu']}x; "
               f"TTFT vllm/hf_cpu {res['vllm_tpu_ttft_vs_hf_cpu']}x, static/hf_cpu {res['static_tpu_ttft_vs_hf_cpu']}x",
               flush=True)
     report["total_s"] = round(time.perf_counter() - t_start, 1)

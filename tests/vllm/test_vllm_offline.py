@@ -68,11 +68,13 @@ def run_llm(tmp_path, spec: dict, multiprocessing: bool = False, timeout: int = 
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
     log = tmp_path / "llm.log"
+    env = _env(multiprocessing, mode)
+    env["VLLM_CACHE_ROOT"] = str(tmp_path / "vllm_cache")  # vLLM's compile cache: not in ~/.cache
     # Output to a file, not a pipe: the engine core process (multiprocessing mode) inherits it
     # and outlives the driver until the process group is killed below.
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, os.path.join(HERE, "tiny.py"), "run", str(path)],
-                                env=_env(multiprocessing, mode), cwd=str(tmp_path), stdout=f,
+                                env=env, cwd=str(tmp_path), stdout=f,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             proc.wait(timeout=timeout)
@@ -121,6 +123,29 @@ def test_greedy_matches_hf_fp32(tmp_path, llama, mode):
     assert b["token_ids"] == ref
     assert res["cpu_fallbacks"] == {}, res["cpu_fallbacks"]
     assert res["native_executions"] > 0
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_compiled_steps(tmp_path, llama, mode):
+    """enforce_eager=False: vLLM's own piecewise torch.compile (graph split at the attention
+    ops) with torchtpu's compiler for every piece, steps padded to vLLM's capture sizes. The
+    same prompts four times on one engine: HF's tokens every time, each piece compiled at
+    warm-up for every bucket (a 2-layer model: 3 pieces) and no new program while serving."""
+    d, model, tok = llama
+    ref = tiny.hf_greedy(model, tok, PROMPTS, MAX_TOKENS)
+    res = run_llm(tmp_path, {"model": d, "batches": [PROMPTS] * 4,
+                             "llm_kwargs": dict(LLM_KWARGS, enforce_eager=False), "sampling": GREEDY}, mode=mode)
+    for b in res["batches"]:
+        assert b["token_ids"] == ref
+        assert b["piece_programs"] == 0, [x["piece_programs"] for x in res["batches"]]
+    comp = res["vllm_compiler"]
+    assert comp["pieces"] == 3, comp
+    # capture sizes 1, 2, 4, ..., 128 (max_num_batched_tokens): 8 buckets per piece
+    assert comp["programs"] == 3 * 8, comp
+    assert comp["calls"] > 3 * 4 * MAX_TOKENS, comp
+    # the eager parts between the pieces (attention, sampler) have seen every shape by then
+    assert res["batches"][-1]["compiles"] == 0, [b["compiles"] for b in res["batches"]]
+    assert res["cpu_fallbacks"] == {}, res["cpu_fallbacks"]
 
 
 def test_chunked_prefill_and_prefix_cache(tmp_path, llama):

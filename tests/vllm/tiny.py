@@ -193,6 +193,12 @@ def _completion(c) -> dict:
             "stop_reason": c.stop_reason, "logprobs": lps}
 
 
+def _piece_programs() -> int:
+    """Programs built so far for vLLM's compiled pieces (torchtpu/vllm/compiler.py)."""
+    mod = sys.modules.get("torchtpu.vllm.compiler")
+    return mod.stats["programs"] if mod is not None else 0
+
+
 def run(spec: dict) -> dict:
     """Runs vLLM's offline LLM on spec["model"]: each of spec["batches"] (lists of prompts) is one
     ``generate`` call on the same engine; returns token ids, cache hits and torchtpu metrics."""
@@ -209,9 +215,11 @@ def run(spec: dict) -> dict:
         batches = []
         for prompts in spec["batches"]:
             compiles = torchtpu.metrics()["compiles"]  # this process's (0 with an engine-core process)
+            programs = _piece_programs()
             outs = llm.generate(prompts, sp, use_tqdm=False)
             batches.append({
                 "compiles": torchtpu.metrics()["compiles"] - compiles,
+                "piece_programs": _piece_programs() - programs,  # compiled steps' new programs
                 "prompt_token_ids": [list(o.prompt_token_ids) for o in outs],
                 "token_ids": [list(o.outputs[0].token_ids) for o in outs],
                 "num_cached_tokens": [o.num_cached_tokens or 0 for o in outs],
@@ -242,6 +250,8 @@ def run(spec: dict) -> dict:
         "counters": counters,
         "platform": type(current_platform).__qualname__,
         "cpu_fallbacks": m["cpu_fallbacks"],
+        "vllm_compiler": dict(sys.modules["torchtpu.vllm.compiler"].stats)
+        if "torchtpu.vllm.compiler" in sys.modules else None,
         "native_executions": m["native_executions"],
     }
 

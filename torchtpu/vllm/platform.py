@@ -39,7 +39,8 @@ class TpuPlatform(Platform):
     ray_device_key: str = "TPU"
     device_control_env_var: str = "TORCHTPU_VISIBLE_DEVICES"
     dist_backend: str = _tt_dist.BACKEND  # "tpu": torchtpu's c10d backend
-    # CustomOps' forward_native is not compiled (compile mode NONE for now).
+    # vLLM's small @torch.compile helpers (outside the model) run eagerly; the model's compiled
+    # pieces go through get_compile_backend() (torchtpu/vllm/compiler.py).
     simple_compile_backend: str = "eager"
     supported_quantization: list[str] = []
     additional_env_vars: list[str] = ["TORCHTPU_PLUGIN", "TORCHTPU_MEMORY_LIMIT", "TORCHTPU_MODE",
@@ -103,9 +104,52 @@ class TpuPlatform(Platform):
             raise ValueError(f"torchtpu's vLLM platform does not support dtype {dtype}; "
                              f"supported: {', '.join(str(d) for d in _SUPPORTED_DTYPES)}")
 
+    # ------------------------------------------------------------ compiled steps
+    @classmethod
+    def get_compile_backend(cls) -> str:
+        """vLLM's piecewise compiler for tpu (a ``CompilerInterface``): torchtpu's backend."""
+        from .compiler import COMPILER_QUALNAME
+
+        return COMPILER_QUALNAME
+
     @classmethod
     def support_static_graph_mode(cls) -> bool:
-        return False
+        # vLLM pads each step's token count to a capture size only in a static graph mode:
+        # those sizes are the compiled pieces' shape buckets (torchtpu/vllm/compiler.py).
+        return True
+
+    @classmethod
+    def opaque_attention_op(cls) -> bool:
+        # Attention as vLLM's opaque custom ops (unified_attention_with_output,
+        # unified_kv_cache_update), the splitting points of the compiled graph. A direct call
+        # would be traced into the graph with one step's attention metadata baked in (vLLM
+        # drops Dynamo's guards): every later step would attend with the first step's layout.
+        return True
+
+    @classmethod
+    def get_static_graph_wrapper_cls(cls) -> str:
+        from .compiler import WRAPPER_QUALNAME
+
+        return WRAPPER_QUALNAME
+
+    @classmethod
+    def apply_config_platform_defaults(cls, vllm_config: "VllmConfig") -> None:
+        """Shape buckets for compiled steps: powers of two up to ``max_num_batched_tokens``
+        (and that count itself), unless the user gave capture sizes. vLLM's CUDA default
+        stops at ``2 * max_num_seqs`` tokens and is dense below it; every size above the
+        largest bucket would compile a program of its own."""
+        cc = vllm_config.compilation_config
+        model_config = vllm_config.model_config
+        if model_config is None or model_config.enforce_eager:
+            return
+        if cc.cudagraph_capture_sizes is None and cc.max_cudagraph_capture_size is None:
+            max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+            sizes, n = [], 1
+            while n < max_tokens:
+                sizes.append(n)
+                n *= 2
+            cc.cudagraph_capture_sizes = sorted(set(sizes + [max_tokens]))
+            cc.max_cudagraph_capture_size = max_tokens
 
     # ------------------------------------------------------------ attention
     @classmethod
@@ -138,10 +182,6 @@ class TpuPlatform(Platform):
         model_config = vllm_config.model_config
         if model_config is not None:
             cls.check_if_supports_dtype(model_config.dtype)
-            if not model_config.enforce_eager:
-                logger.info("torchtpu: vLLM's compiled mode is not wired to torchtpu yet; running eager "
-                            "(as with enforce_eager=True)")
-                model_config.enforce_eager = True
 
         parallel_config = vllm_config.parallel_config
         if parallel_config.world_size > 1 or parallel_config.data_parallel_size > 1:
@@ -162,18 +202,51 @@ class TpuPlatform(Platform):
         # The runner reads sampled tokens synchronously: no second stream to overlap with.
         vllm_config.scheduler_config.async_scheduling = False
 
-        compilation_config = vllm_config.compilation_config
-        compilation_config.mode = CompilationMode.NONE
-        compilation_config.cudagraph_mode = CUDAGraphMode.NONE
-        compilation_config.cudagraph_capture_sizes = []
-        if hasattr(compilation_config, "max_cudagraph_capture_size"):
-            compilation_config.max_cudagraph_capture_size = 0
+        cc = vllm_config.compilation_config
+        from .compiler import COMPILER_QUALNAME
+
+        if model_config is None or model_config.enforce_eager or cc.mode == CompilationMode.NONE:
+            cc.mode = CompilationMode.NONE
+            cc.cudagraph_mode = CUDAGraphMode.NONE
+            cc.cudagraph_capture_sizes = []
+            cc.max_cudagraph_capture_size = 0
+        else:
+            if cc.backend in ("", "inductor"):
+                # Inductor's vLLM adaptor writes CUDA/Triton kernels: torchtpu compiles the pieces.
+                cc.backend = COMPILER_QUALNAME
+            if cc.mode in (CompilationMode.STOCK_TORCH_COMPILE, CompilationMode.DYNAMO_TRACE_ONCE) \
+                    and cc.backend == COMPILER_QUALNAME:
+                cc.backend = "tpu"  # a whole-graph torch.compile: torchtpu's Dynamo backend
+            # vLLM's fusion passes rewrite graphs for its CUDA/ROCm kernels (run as Inductor
+            # post-grad passes; several import only on CUDA, pass_manager.py:32-52): off.
+            pc = cc.pass_config
+            for name in type(pc).__dataclass_fields__:
+                if (name.startswith("fuse_") or name == "enable_qk_norm_rope_fusion") \
+                        and getattr(pc, name) is not False:
+                    setattr(pc, name, False)
+            if cc.mode == CompilationMode.VLLM_COMPILE:
+                # Attention runs eagerly between the pieces (its shapes are bucketed by the
+                # backend itself); a FULL graph would need it inside one program.
+                if cc.cudagraph_mode != CUDAGraphMode.NONE:
+                    cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
+            else:
+                cc.cudagraph_mode = CUDAGraphMode.NONE
 
         if vllm_config.lora_config is not None:
             raise NotImplementedError("torchtpu's vLLM platform: LoRA is not supported yet")
         if vllm_config.speculative_config is not None:
             raise NotImplementedError("torchtpu's vLLM platform: speculative decoding is not supported yet")
 
+        if cc.mode != CompilationMode.NONE:
+            # vLLM's AOT compile cache (compilation/caching.py) stores and reloads Inductor
+            # standalone artifacts only: a restart would rebuild the pieces of any other
+            # CompilerInterface as None (docs/vllm.md). torchtpu's own persistent caches make
+            # restarts cheap instead.
+            if os.environ.get("VLLM_USE_AOT_COMPILE") == "1":
+                raise ValueError("torchtpu's vLLM platform: VLLM_USE_AOT_COMPILE=1 (vLLM's AOT artifact cache "
+                                 "holds Inductor artifacts only) cannot run torchtpu's compiled steps; unset it "
+                                 "or pass enforce_eager=True")
+            os.environ["VLLM_USE_AOT_COMPILE"] = "0"
         # Model runner V2 needs Triton kernels; ours subclasses the V1 runner.
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         # Workers are started by spawn: a forked child would inherit the parent's PJRT client.

@@ -162,6 +162,15 @@ class TpuWorker(Worker):
         """
         runner = self.model_runner
         runner.maybe_remove_all_loras(runner.lora_config)
+        if self.compilation_config.cudagraph_mode != CUDAGraphMode.NONE:
+            # Compiled steps: one forward per shape bucket (vLLM's capture sizes, the sizes
+            # its dispatcher pads every step to), largest first, so that each compiled piece
+            # has its program for every bucket before the first request (compiler.py).
+            for runtime_mode, descs in runner.cudagraph_dispatcher.get_capture_descs():
+                for desc in sorted(descs, key=lambda d: -d.num_tokens):
+                    runner._dummy_run(desc.num_tokens, cudagraph_runtime_mode=runtime_mode,
+                                      uniform_decode=desc.uniform, skip_eplb=True, remove_lora=False)
+            torch.tpu.synchronize()
         if get_pp_group().is_last_rank:
             max_num_reqs = min(self.scheduler_config.max_num_seqs, self.scheduler_config.max_num_batched_tokens)
             hidden_states, last_hidden_states = runner._dummy_run(
