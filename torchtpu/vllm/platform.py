@@ -235,7 +235,14 @@ class TpuPlatform(Platform):
         if vllm_config.lora_config is not None:
             raise NotImplementedError("torchtpu's vLLM platform: LoRA is not supported yet")
         if vllm_config.speculative_config is not None:
-            raise NotImplementedError("torchtpu's vLLM platform: speculative decoding is not supported yet")
+            # vLLM's GPU model runner builds torch.cuda.Stream()s for any speculative method
+            # (v1/worker/gpu_model_runner.py:908, 933, 940): not constructible without CUDA, and
+            # the runner's __init__ cannot be bypassed without patching. The rejection sampler's
+            # kernels are ready (kernels.py); docs/vllm.md has the upstream change.
+            raise NotImplementedError(
+                "torchtpu's vLLM platform: speculative decoding "
+                f"(method {vllm_config.speculative_config.method!r}) is not supported: vLLM 0.33's "
+                "model runner creates CUDA streams for it (gpu_model_runner.py:933)")
 
         if cc.mode != CompilationMode.NONE:
             # vLLM's AOT compile cache (compilation/caching.py) stores and reloads Inductor
