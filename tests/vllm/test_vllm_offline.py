@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -64,12 +65,13 @@ def _env(multiprocessing: bool = False, mode: str = "strict") -> dict:
 
 
 def run_llm(tmp_path, spec: dict, multiprocessing: bool = False, timeout: int = 420,
-            mode: str = "strict") -> dict:
+            mode: str = "strict", extra_env: dict | None = None) -> dict:
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
     log = tmp_path / "llm.log"
     env = _env(multiprocessing, mode)
     env["VLLM_CACHE_ROOT"] = str(tmp_path / "vllm_cache")  # vLLM's compile cache: not in ~/.cache
+    env.update(extra_env or {})
     # Output to a file, not a pipe: the engine core process (multiprocessing mode) inherits it
     # and outlives the driver until the process group is killed below.
     with open(log, "w") as f:
@@ -242,3 +244,46 @@ def test_speculative_decoding_is_refused_by_name(tmp_path, llama):
     assert r.returncode != 0
     assert "speculative decoding (method 'ngram') is not supported" in out, out[-3000:]
     assert "gpu_model_runner.py:933" in out
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Live processes whose environment carries marker (TORCHTPU_TEST_MARK)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/environ", "rb") as f:
+                    if f"TORCHTPU_TEST_MARK={marker}".encode() in f.read():
+                        pids.append(int(d))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "compiled"])
+def test_tensor_parallel_2(tmp_path, llama, eager):
+    """tensor_parallel_size=2: vLLM's multiprocess executor starts two tpu workers joined by
+    torchtpu's c10d backend ("tpu"); vLLM's column/row-parallel layers all-reduce and all-gather
+    through it (its default device communicator over torch.distributed). HF's tokens, every op
+    native in both workers, and no process left once the run ends."""
+    import uuid
+
+    d, model, tok = llama
+    ref = tiny.hf_greedy(model, tok, PROMPTS, MAX_TOKENS)
+    mark = uuid.uuid4().hex
+    res = run_llm(tmp_path, {"model": d, "batches": [PROMPTS, PROMPTS], "worker_report": True,
+                             "llm_kwargs": dict(LLM_KWARGS, enforce_eager=eager, tensor_parallel_size=2),
+                             "sampling": GREEDY}, extra_env={"TORCHTPU_TEST_MARK": mark})
+    for b in res["batches"]:
+        assert b["token_ids"] == ref
+    workers = res["workers"]
+    assert [w["rank"] for w in workers] == [0, 1], workers
+    for w in workers:
+        assert w["backend"] == "tpu" and w["device"].startswith("tpu"), w
+        assert w["cpu_fallbacks"] == {}, w
+        assert w["native_executions"] > 0, w
+    # the driver's process group was SIGKILLed: its workers are gone once the kernel reaps them
+    deadline = time.monotonic() + 15
+    while _processes_with(mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_with(mark) == []

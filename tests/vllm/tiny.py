@@ -199,6 +199,19 @@ def _piece_programs() -> int:
     return mod.stats["programs"] if mod is not None else 0
 
 
+def _worker_report(worker) -> dict:
+    """Runs in each vLLM worker (``LLM.collective_rpc``): its device, process group backend and
+    torchtpu's counters there (the driver's own counters do not see worker processes)."""
+    import torch.distributed as dist
+
+    import torchtpu
+
+    m = torchtpu.metrics()
+    return {"device": str(worker.device), "rank": dist.get_rank() if dist.is_initialized() else None,
+            "backend": str(dist.get_backend()) if dist.is_initialized() else None,
+            "cpu_fallbacks": m["cpu_fallbacks"], "native_executions": m["native_executions"]}
+
+
 def run(spec: dict) -> dict:
     """Runs vLLM's offline LLM on spec["model"]: each of spec["batches"] (lists of prompts) is one
     ``generate`` call on the same engine; returns token ids, cache hits and torchtpu metrics."""
@@ -226,6 +239,7 @@ def run(spec: dict) -> dict:
                 # every completion of every request (n > 1), with text, finish reason, logprobs
                 "outputs": [[_completion(c) for c in o.outputs] for o in outs],
             })
+        workers = llm.collective_rpc(_worker_report) if spec.get("worker_report") else None
         counters = {}
         if spec.get("llm_kwargs", {}).get("disable_log_stats") is False:
             for mt in llm.get_metrics():  # vLLM's own stats (Prometheus-style counters/gauges)
@@ -247,6 +261,7 @@ def run(spec: dict) -> dict:
     # with os._exit right after printing.
     return {
         "batches": batches,
+        "workers": workers,
         "counters": counters,
         "platform": type(current_platform).__qualname__,
         "cpu_fallbacks": m["cpu_fallbacks"],

@@ -184,10 +184,9 @@ class TpuPlatform(Platform):
             cls.check_if_supports_dtype(model_config.dtype)
 
         parallel_config = vllm_config.parallel_config
-        if parallel_config.world_size > 1 or parallel_config.data_parallel_size > 1:
+        if parallel_config.pipeline_parallel_size > 1 or parallel_config.data_parallel_size > 1:
             raise NotImplementedError(
-                "torchtpu's vLLM platform drives one tpu device per engine for now: "
-                f"tensor_parallel_size={parallel_config.tensor_parallel_size}, "
+                "torchtpu's vLLM platform: tensor parallelism only for now: "
                 f"pipeline_parallel_size={parallel_config.pipeline_parallel_size}, "
                 f"data_parallel_size={parallel_config.data_parallel_size} are not supported")
         if parallel_config.worker_cls == "auto":
