@@ -66,6 +66,27 @@ def test_default_compile_buffer_mutation_and_cached_program(metrics):
     assert metrics()["compiles"] == 0  # steps 2 and 3 ran the cached program
 
 
+def test_default_compile_graph_that_only_writes_its_input():
+    """A compiled function returning nothing, writing its argument in place (xgrammar's
+    torch.compile bitmask kernel, which vLLM's structured output runs on non-CUDA devices):
+    the graph's op has no outputs (schema "-> ()") and must return None."""
+
+    def mask_(logits, bitmask, vocab: int):
+        bits = (torch.repeat_interleave(bitmask, 32, dim=-1)
+                >> torch.arange(32, dtype=torch.int32, device=logits.device).repeat(bitmask.shape[-1])) & 1
+        logits[..., :vocab].masked_fill_(bits[..., :vocab] == 0, float("-inf"))
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 70, generator=g)
+    bitmask = torch.randint(-2**31, 2**31 - 1, (3, 3), generator=g, dtype=torch.int32)
+    ref = logits.clone()
+    mask_(ref, bitmask, 70)
+    out = logits.to("tpu")
+    assert torch.compile(mask_, dynamic=False)(out, bitmask.to("tpu"), 70) is None
+    torch.testing.assert_close(out.cpu(), ref)
+    assert torch.isinf(ref).any() and not torch.isinf(ref).all()
+
+
 def test_default_compile_unlowerable_graph_runs_eagerly():
     def f(x):
         return torch.special.zeta(x.abs() + 1.5, torch.full_like(x, 2.0)) * 3

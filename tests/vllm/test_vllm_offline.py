@@ -287,3 +287,34 @@ def test_tensor_parallel_2(tmp_path, llama, eager):
     while _processes_with(mark) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _processes_with(mark) == []
+
+
+JSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                                "age": {"type": "integer"}},
+               "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_structured_output_json_schema(tmp_path, llama):
+    """JSON-schema structured output (vLLM's xgrammar backend: the grammar on the host, its
+    token bitmask applied to the logits on tpu by xgrammar's torch.compile kernel, which
+    torchtpu's Inductor registration lowers): the tokens of HF greedy decoding on CPU under the
+    same xgrammar matcher, and text that parses to the schema's fields."""
+    d, model, tok = llama
+    prompts = PROMPTS[:3]
+    max_tokens = 48
+    ref = [tiny.xgrammar_json_greedy(model, tok, p, JSON_SCHEMA, max_tokens) for p in prompts]
+    sampling = dict(temperature=0, max_tokens=max_tokens, structured_outputs={"json": JSON_SCHEMA})
+    res = run_llm(tmp_path, {"model": d, "batches": [prompts], "llm_kwargs": LLM_KWARGS, "sampling": sampling})
+    b = res["batches"][0]
+    assert b["token_ids"] == ref
+    finished = 0
+    for (c,) in b["outputs"]:
+        if c["finish_reason"] == "stop":  # the grammar completed: the text is the object
+            obj = json.loads(c["text"], strict=False)  # the tiny vocabulary yields control chars
+            assert set(obj) == {"name", "age"} and isinstance(obj["age"], int), c["text"]
+            assert isinstance(obj["name"], str) and len(obj["name"]) <= 8
+            finished += 1
+        else:
+            assert c["text"].lstrip().startswith("{"), c["text"]
+    assert finished >= 1, b["outputs"]
+    assert res["cpu_fallbacks"] == {}, res["cpu_fallbacks"]

@@ -199,6 +199,50 @@ def _piece_programs() -> int:
     return mod.stats["programs"] if mod is not None else 0
 
 
+def _sampling_params(d: dict):
+    """SamplingParams from JSON; "structured_outputs" as StructuredOutputsParams' fields."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    d = dict(d)
+    if "structured_outputs" in d:
+        d["structured_outputs"] = StructuredOutputsParams(**d["structured_outputs"])
+    return SamplingParams(**d)
+
+
+def xgrammar_json_greedy(model, tok, prompt: str, schema: dict, max_tokens: int) -> list[int]:
+    """The reference for vLLM's JSON-schema structured output: Hugging Face greedy decoding on
+    CPU, each step's logits masked by xgrammar's matcher for the schema, built as vLLM's
+    xgrammar backend builds it (v1/structured_output/backend_xgrammar.py: the tokenizer's
+    vocabulary without special tokens, EOS the stop token, any whitespace); ends after the
+    matcher accepts EOS (included, as vLLM's token ids include it)."""
+    import torch
+    import xgrammar as xgr
+
+    full = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=model.config.vocab_size)
+    special = {i for i, t in getattr(tok, "added_tokens_decoder", {}).items() if t.special}
+    enc = [""] * full.vocab_size
+    for t, i in tok.get_vocab().items():
+        if i < len(enc) and i not in special:
+            enc[i] = t
+    info = xgr.TokenizerInfo.from_vocab_and_metadata(enc, full.dump_metadata())
+    grammar = xgr.GrammarCompiler(info).compile_json_schema(json.dumps(schema), any_whitespace=True)
+    matcher = xgr.GrammarMatcher(grammar)
+    bitmask = xgr.allocate_token_bitmask(1, info.vocab_size)
+    ids, out = tok(prompt)["input_ids"], []
+    for _ in range(max_tokens):
+        with torch.no_grad():
+            logits = model(torch.tensor([ids + out])).logits[0, -1:].float()
+        matcher.fill_next_token_bitmask(bitmask)
+        xgr.apply_token_bitmask_inplace(logits, bitmask)
+        t = int(logits.argmax())
+        out.append(t)
+        assert matcher.accept_token(t), t
+        if matcher.is_terminated():
+            break
+    return out
+
+
 def _worker_report(worker) -> dict:
     """Runs in each vLLM worker (``LLM.collective_rpc``): its device, process group backend and
     torchtpu's counters there (the driver's own counters do not see worker processes)."""
@@ -221,8 +265,8 @@ def run(spec: dict) -> dict:
         llm = LLM(model=spec["model"], **spec.get("llm_kwargs", {}))
         sampling = spec.get("sampling", {})
         # one SamplingParams for all prompts, or a list (one per prompt)
-        sp = ([SamplingParams(**d) for d in sampling] if isinstance(sampling, list)
-              else SamplingParams(**sampling))
+        sp = ([_sampling_params(d) for d in sampling] if isinstance(sampling, list)
+              else _sampling_params(sampling))
         import torchtpu
 
         batches = []

@@ -42,12 +42,18 @@ def _inductor_graph(key: str, inputs: list, ints: list, mutated: list):
     code, kinds, returned, _ = _GRAPHS[key]
     ti, ii = iter(inputs), iter(ints)
     out = code([next(ti) if k == "t" else next(ii) for k in kinds])
-    res = tuple(out[i] for i in returned)
-    return res[0] if len(res) == 1 else res
+    return _result(tuple(out[i] for i in returned))
 
 
 def _fake(key: str, inputs: list, ints: list, mutated: list):
-    res = tuple(torch.empty_strided(s, st, dtype=dt, device=dev) for s, st, dt, dev in _GRAPHS[key][3])
+    return _result(tuple(torch.empty_strided(s, st, dtype=dt, device=dev) for s, st, dt, dev in _GRAPHS[key][3]))
+
+
+def _result(res: tuple):
+    """As the op's schema declares: one Tensor, a tuple of them, or None for a graph that only
+    writes its inputs (``-> ()``, e.g. an in-place masked_fill_ of a function's argument)."""
+    if not res:
+        return None
     return res[0] if len(res) == 1 else res
 
 
