@@ -9,6 +9,17 @@ from __future__ import annotations
 import torch
 
 
+def _token_layout(cu: torch.Tensor, num_tokens: int):
+    """For ``num_tokens`` tokens of requests laid out by cumulative end offsets ``cu`` [batch]:
+    the token indices, each token's request (how many requests end at or before it), and each
+    request's start and length."""
+    cu = cu.to(torch.int64)
+    tok = torch.arange(num_tokens, dtype=torch.int64, device=cu.device)
+    req = (tok.unsqueeze(1) >= cu.unsqueeze(0)).to(torch.int64).sum(dim=1)
+    starts = torch.cat([cu.new_zeros(1), cu[:-1]])
+    return tok, req.clamp(max=max(cu.shape[0] - 1, 0)), starts, cu - starts
+
+
 def compute_slot_mapping(
     num_tokens: int,
     max_num_tokens: int,
@@ -32,25 +43,12 @@ def compute_slot_mapping(
     bs = int(KV_CACHE_BLOCK_SIZE)
     if n > 0:
         pos = positions[:n].to(torch.int64)
-        tok = torch.arange(n, dtype=torch.int64, device=pos.device)
-        ends = query_start_loc[1:].to(torch.int64)
-        # request of each token: how many requests end at or before it
-        req = (tok.unsqueeze(1) >= ends.unsqueeze(0)).to(torch.int64).sum(dim=1)
+        _, req, _, _ = _token_layout(query_start_loc[1:], n)
         flat = block_table.reshape(-1)
         blocks = flat.index_select(0, req * int(block_table_stride) + torch.div(pos, bs, rounding_mode="floor"))
         slot_mapping[:n].copy_(blocks.to(torch.int64) * bs + torch.remainder(pos, bs))
     if int(max_num_tokens) > n:
         slot_mapping[n:int(max_num_tokens)].fill_(PAD_ID)
-
-
-def _token_layout(cu: torch.Tensor, num_tokens: int):
-    """For the tokens of requests laid out by cumulative end offsets ``cu`` [batch]: each token's
-    request, its position within the request, and each request's start and length."""
-    cu = cu.to(torch.int64)
-    tok = torch.arange(num_tokens, dtype=torch.int64, device=cu.device)
-    req = (tok.unsqueeze(1) >= cu.unsqueeze(0)).to(torch.int64).sum(dim=1)
-    starts = torch.cat([cu.new_zeros(1), cu[:-1]])
-    return tok, req.clamp(max=max(cu.shape[0] - 1, 0)), starts, cu - starts
 
 
 def _accept_prefix(output, cu, values, accepted, bonus, active, max_spec_len):
@@ -61,8 +59,8 @@ def _accept_prefix(output, cu, values, accepted, bonus, active, max_spec_len):
     width = int(max_spec_len) + 1
     flat = output.view(-1)
     b = cu.shape[0]
+    tok, req, starts, lens = _token_layout(cu, n)
     if n:
-        tok, req, starts, _ = _token_layout(cu, n)
         bad = (~accepted).to(torch.int64)
         excl = torch.cumsum(bad, 0) - bad
         before = excl - excl.index_select(0, starts.clamp(max=n - 1)).index_select(0, req)
@@ -73,7 +71,6 @@ def _accept_prefix(output, cu, values, accepted, bonus, active, max_spec_len):
         n_bad = torch.zeros(b, dtype=torch.int64, device=flat.device).index_add_(0, req, bad)
     else:
         n_bad = torch.zeros(b, dtype=torch.int64, device=flat.device)
-    _, _, _, lens = _token_layout(cu, 0)
     bidx = torch.arange(b, dtype=torch.int64, device=flat.device) * width + lens
     cur = flat.index_select(0, bidx)
     flat.index_copy_(0, bidx, torch.where((n_bad == 0) & active, bonus.reshape(-1).to(flat.dtype), cur))
