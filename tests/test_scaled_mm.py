@@ -93,10 +93,11 @@ def test_scaled_mm_rowwise_bias_vs_cpu(out):
     close(got_t, want_t)
 
 
-def test_scaled_mm_blockwise_128():
-    """DeepSeek-style fp8: 1x128 activation blocks, 128x128 weight blocks."""
+@pytest.mark.parametrize("M,K,N", [(48, 384, 256), (3, 128, 384), (200, 128, 256)])
+def test_scaled_mm_blockwise_128(M, K, N):
+    """DeepSeek-style fp8: 1x128 activation blocks, 128x128 weight blocks. K = 128 (one block
+    along K) once took the per-row fast path with one scale per 128 rows (an XLA compile error)."""
     g = torch.Generator().manual_seed(6)
-    M, K, N = 48, 384, 256
     a, b = fp8((M, K), seed=7), col_major(fp8((K, N), seed=8))
     sa = torch.rand(M, K // 128, generator=g) + 0.5
     sb = torch.rand(K // 128, N // 128, generator=g) + 0.5
@@ -110,7 +111,7 @@ def test_scaled_mm_blockwise_128():
     close(torch._scaled_mm(*tpu(a, b, sa, sb2), out_dtype=torch.bfloat16), want2)
     # the same through F.scaled_mm's layouts (scale_b (N, K/128); 128x128 as (K/128 rounded to 4, N/128))
     # 128x128 blocks of a (v1: scale_a (ceil(M/128), K/128))
-    sa3 = torch.rand(1, K // 128, generator=g) + 0.5
+    sa3 = torch.rand(-(-M // 128), K // 128, generator=g) + 0.5
     da3 = a.float() * sa3.repeat_interleave(128, 0)[:M].repeat_interleave(128, 1)
     want3 = (da3 @ (b.float() * sb2.repeat_interleave(128, 0))).to(torch.bfloat16)
     close(torch._scaled_mm(*tpu(a, b, sa3, sb2), out_dtype=torch.bfloat16), want3)

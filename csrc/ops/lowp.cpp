@@ -115,7 +115,11 @@ struct Operand {
   bool fp4() const { return q.et() == ET::U8; }
   int64_t rows() const { return q.dims()[0]; }
   int64_t k() const { return q.dims()[1] * (fp4() ? 2 : 1); }
-  bool spans_k() const { return kb >= k(); }
+  // one scale per row (or one for all rows) spanning all of K: it can multiply the dot's result
+  bool spans_k() const {
+    int64_t sr = s.dims()[0];
+    return kb >= k() && (sr == 1 || (rb == 1 && sr == rows()));
+  }
 };
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
