@@ -167,6 +167,106 @@ def make_gemma3(out_dir: str, seed: int = 0, vocab_size: int = 512):
     return _save(Gemma3ForCausalLM, cfg, out_dir, tok, seed, post)
 
 
+def quantize_fp8_blocks(w, block=(128, 128)):
+    """A float weight (N, K) -> (float8_e4m3fn weight, f32 weight_scale_inv (N/bn, K/bk)) with
+    w ~= weight * scale_inv per block: the fine-grained FP8 (DeepSeek) checkpoint layout."""
+    import torch
+
+    N, K = w.shape
+    bn, bk = block
+    blocks = w.float().reshape(N // bn, bn, K // bk, bk)
+    scale = (blocks.abs().amax(dim=(1, 3)) / 448.0).clamp(min=1e-12)
+    q = (blocks / scale[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    deq = (q.float() * scale[:, None, :, None]).reshape(N, K)
+    return q.reshape(N, K), scale, deq
+
+
+def quantize_fp8_channels(w):
+    """A float weight (N, K) -> (float8_e4m3fn weight, f32 weight_scale (N, 1)), one scale per
+    output channel: compressed-tensors' FP8 "channel" strategy."""
+    import torch
+
+    scale = (w.float().abs().amax(dim=1, keepdim=True) / 448.0).clamp(min=1e-12)
+    q = (w.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return q, scale, q.float() * scale
+
+
+# quantization_config of each FP8 scheme (as the checkpoints on the hub carry it)
+FP8_CONFIGS = {
+    # fine-grained FP8 (DeepSeek-V3, Qwen3-FP8): transformers' FineGrainedFP8Config
+    "block": {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+              "weight_block_size": [128, 128]},
+    # llm-compressor FP8_DYNAMIC: per-channel weights, dynamic per-token activations
+    "channel": {"quant_method": "compressed-tensors", "format": "float-quantized",
+                "quantization_status": "compressed", "ignore": ["lm_head"],
+                "config_groups": {"group_0": {
+                    "targets": ["Linear"],
+                    "weights": {"num_bits": 8, "type": "float", "strategy": "channel",
+                                "symmetric": True, "dynamic": False},
+                    "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                                          "symmetric": True, "dynamic": True}}}},
+}
+
+
+def make_llama_fp8(out_dir: str, scheme: str = "block", seed: int = 0, vocab_size: int = 512):
+    """Tiny Llama (hidden 128, 4 heads of 32, MLP 256) saved as an FP8 checkpoint of
+    ``FP8_CONFIGS[scheme]``: every linear of the decoder layers float8_e4m3fn with its scales
+    (``weight_scale_inv`` (N/128, K/128) for "block", ``weight_scale`` (N, 1) for "channel");
+    embeddings, norms and the LM head stay float32. Returns the model with each quantized weight
+    replaced by its dequantized value (the reference: the same checkpoint dequantized), the
+    tokenizer and the checkpoint's bytes as vLLM holds them (fp8 weights, f32 scales, the rest
+    in bfloat16)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = make_tokenizer(out_dir, vocab_size)
+    cfg = LlamaConfig(**{**_common(tok, vocab_size), "hidden_size": 128, "intermediate_size": 256,
+                         "num_key_value_heads": 4, "head_dim": 32}, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    tensors, held = {}, 0
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.1)
+            if name.startswith("model.layers.") and name.endswith("proj.weight"):
+                if scheme == "block":
+                    q, s, deq = quantize_fp8_blocks(p)
+                    tensors[name], tensors[name + "_scale_inv"] = q, s
+                else:
+                    q, s, deq = quantize_fp8_channels(p)
+                    tensors[name], tensors[name[:-len("weight")] + "weight_scale"] = q, s
+                p.copy_(deq)
+                held += q.numel() + 4 * s.numel()
+            else:
+                tensors[name] = p.detach().clone().contiguous()
+                held += 2 * p.numel()
+    cfg.quantization_config = FP8_CONFIGS[scheme]
+    cfg.architectures = ["LlamaForCausalLM"]
+    cfg.save_pretrained(out_dir)
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    return model, tok, held
+
+
+def fp8_activation_reference(model, scheme: str):
+    """Makes ``model`` (a dequantized FP8 checkpoint from make_llama_fp8) also quantize each
+    quantized linear's input as the checkpoint prescribes (dynamic activations: per 1x128 group
+    for "block", per token for "channel"; scale amax / 448, float8_e4m3fn round trip), in float32
+    on CPU: the W8A8 arithmetic vLLM runs, computed independently."""
+    import torch
+
+    def quant(x):
+        g = x.float().reshape(*x.shape[:-1], -1, 128) if scheme == "block" else x.float().unsqueeze(-2)
+        s = (g.abs().amax(-1, keepdim=True) / 448.0).clamp(min=1e-12)
+        return ((g / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s).reshape(x.shape).to(x.dtype)
+
+    for name, m in model.named_modules():
+        if name.startswith("model.layers.") and name.endswith("proj") and isinstance(m, torch.nn.Linear):
+            m.register_forward_pre_hook(lambda mod, args: (quant(args[0]),) + tuple(args[1:]))
+    return model
+
+
 MODELS = {"qwen3": make_qwen3, "gemma": make_gemma, "qwen3_moe": make_qwen3_moe, "mixtral": make_mixtral,
           "gemma2": make_gemma2, "gemma3": make_gemma3}
 
@@ -251,7 +351,13 @@ def _worker_report(worker) -> dict:
     import torchtpu
 
     m = torchtpu.metrics()
+    model = worker.model_runner.get_model()
+    by_dtype: dict[str, int] = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        by_dtype[str(t.dtype)] = by_dtype.get(str(t.dtype), 0) + t.numel() * t.element_size()
     return {"device": str(worker.device), "rank": dist.get_rank() if dist.is_initialized() else None,
+            # torch.tpu.memory_allocated() over the model's load (vLLM's DeviceMemoryProfiler)
+            "model_memory": worker.model_runner.model_memory_usage, "weight_bytes_by_dtype": by_dtype,
             "backend": str(dist.get_backend()) if dist.is_initialized() else None,
             "cpu_fallbacks": m["cpu_fallbacks"], "native_executions": m["native_executions"]}
 
