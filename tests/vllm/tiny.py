@@ -249,21 +249,133 @@ def make_llama_fp8(out_dir: str, scheme: str = "block", seed: int = 0, vocab_siz
     return model, tok, held
 
 
-def fp8_activation_reference(model, scheme: str):
-    """Makes ``model`` (a dequantized FP8 checkpoint from make_llama_fp8) also quantize each
-    quantized linear's input as the checkpoint prescribes (dynamic activations: per 1x128 group
-    for "block", per token for "channel"; scale amax / 448, float8_e4m3fn round trip), in float32
-    on CPU: the W8A8 arithmetic vLLM runs, computed independently."""
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # FP4 (e2m1) magnitudes by code 0..7
+
+
+def quantize_nvfp4_weight(w, g=None):
+    """A float weight (N, K) -> NVFP4 as compressed-tensors stores it: ``weight_packed`` uint8
+    (N, K/2) (element 2i in the low nibble), ``weight_scale`` float8_e4m3fn (N, K/16) and
+    ``weight_global_scale`` f32 (1,) = 448 * 6 / amax (a multiplier: w ~= e2m1 * scale /
+    global; ``g`` gives it, e.g. shared by the layers vLLM fuses); also the dequantized weight.
+    Written out here, independent of torchtpu.quant."""
     import torch
 
-    def quant(x):
+    N, K = w.shape
+    table = torch.tensor(E2M1_VALUES)
+    g = torch.as_tensor(448.0 * 6.0 / w.float().abs().amax() if g is None else g, dtype=torch.float32)
+    blocks = w.float().reshape(N, K // 16, 16)
+    s = (blocks.abs().amax(-1) / 6.0 * g).clamp(max=448.0).to(torch.float8_e4m3fn)
+    step = (s.float() / g).unsqueeze(-1)
+    scaled = torch.where(step > 0, blocks / step.clamp(min=1e-30), torch.zeros_like(blocks))
+    code = (scaled.abs().unsqueeze(-1) - table).abs().argmin(-1)  # nearest magnitude
+    deq = (table[code] * torch.where(scaled < 0, -1.0, 1.0) * step).reshape(N, K)
+    code = (code | torch.where(scaled < 0, 8, 0)).reshape(N, K).to(torch.uint8)
+    packed = code[:, 0::2] | (code[:, 1::2] << 4)
+    return packed, s, g.reshape(1), deq
+
+
+NVFP4_CONFIG = {  # llm-compressor's NVFP4 scheme (W4A4; activations with a calibrated global scale)
+    "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+    "quantization_status": "compressed", "ignore": ["lm_head"],
+    "config_groups": {"group_0": {
+        "targets": ["Linear"],
+        "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16,
+                    "symmetric": True, "dynamic": False},
+        "input_activations": {"num_bits": 4, "type": "float", "strategy": "tensor_group",
+                              "group_size": 16, "symmetric": True, "dynamic": "local"}}}}
+
+
+def make_llama_nvfp4(out_dir: str, seed: int = 0, vocab_size: int = 512):
+    """Tiny Llama (as make_llama_fp8) saved as a compressed-tensors NVFP4 checkpoint: every linear
+    of the decoder layers packed FP4 with e4m3 block scales (16) and a global scale, plus the
+    input global scale calibrated on CORPUS (amax of each linear's input). Returns the
+    dequantized model, the tokenizer, the checkpoint's bytes as vLLM holds them and the input
+    global scales by module (for activation_reference)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = make_tokenizer(out_dir, vocab_size)
+    cfg = LlamaConfig(**{**_common(tok, vocab_size), "hidden_size": 128, "intermediate_size": 256,
+                         "num_key_value_heads": 4, "head_dim": 32}, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    quantized = [n for n, m in model.named_modules()
+                 if n.startswith("model.layers.") and n.endswith("proj") and isinstance(m, torch.nn.Linear)]
+    amax = dict.fromkeys(quantized, 0.0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.1)
+        hooks = [model.get_submodule(n).register_forward_pre_hook(
+            lambda mod, args, n=n: amax.__setitem__(n, max(amax[n], args[0].abs().max().item())))
+            for n in quantized]
+        for text in CORPUS:
+            model(torch.tensor([tok(text)["input_ids"]]))
+        for h in hooks:
+            h.remove()
+    # one weight global scale per group of layers vLLM fuses (q/k/v, gate/up), as llm-compressor
+    # writes them: vLLM keeps one per fused layer (the largest) for all its parts
+    def fused(mod):
+        return mod.rsplit(".", 1)[0] + (".qkv" if mod[-6:] in ("q_proj", "k_proj", "v_proj") else
+                                        ".gate_up" if mod[-7:] in ("gate_proj", "up_proj") else mod[-7:])
+
+    wmax: dict[str, float] = {}
+    for mod in amax:
+        w = model.get_submodule(mod).weight
+        wmax[fused(mod)] = max(wmax.get(fused(mod), 0.0), w.abs().max().item())
+    tensors, held, input_scales = {}, 0, {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            mod = name[:-len(".weight")]
+            if mod in amax:
+                packed, s, g, deq = quantize_nvfp4_weight(p, 448.0 * 6.0 / wmax[fused(mod)])
+                p.copy_(deq)
+                tensors.update({mod + ".weight_packed": packed, mod + ".weight_scale": s,
+                                mod + ".weight_global_scale": g,
+                                mod + ".input_global_scale": torch.tensor([448.0 * 6.0 / amax[mod]])})
+                input_scales[mod] = 448.0 * 6.0 / amax[mod]
+                held += packed.numel() + s.numel() + 8
+            else:
+                tensors[name] = p.detach().clone().contiguous()
+                held += 2 * p.numel()
+    cfg.quantization_config = NVFP4_CONFIG
+    cfg.architectures = ["LlamaForCausalLM"]
+    cfg.save_pretrained(out_dir)
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    return model, tok, held, input_scales
+
+
+def activation_reference(model, scheme: str, input_scales: dict | None = None):
+    """Makes ``model`` (a dequantized checkpoint from make_llama_fp8 / make_llama_nvfp4) also
+    quantize each quantized linear's input as the checkpoint prescribes, in float32 on CPU: the
+    W8A8 / W4A4 arithmetic vLLM runs, computed independently. "block": fp8 per 1x128 group,
+    "channel": fp8 per token (scale amax / 448); "nvfp4": e2m1 per 16 with e4m3 block scales
+    under the module's input global scale (``input_scales[name]``, a multiplier)."""
+    import torch
+
+    table = torch.tensor(E2M1_VALUES)
+
+    def fp8(x):
         g = x.float().reshape(*x.shape[:-1], -1, 128) if scheme == "block" else x.float().unsqueeze(-2)
         s = (g.abs().amax(-1, keepdim=True) / 448.0).clamp(min=1e-12)
         return ((g / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s).reshape(x.shape).to(x.dtype)
 
+    def fp4(x, gs):
+        b = x.float().reshape(*x.shape[:-1], -1, 16)
+        s = (b.abs().amax(-1, keepdim=True) / 6.0 * gs).clamp(max=448.0).to(torch.float8_e4m3fn).float()
+        step = s / gs
+        v = torch.where(step > 0, b / step.clamp(min=1e-30), torch.zeros_like(b)).clamp(-6, 6)
+        q = table[(v.abs().unsqueeze(-1) - table).abs().argmin(-1)] * torch.sign(v)
+        return (q * step).reshape(x.shape).to(x.dtype)
+
     for name, m in model.named_modules():
         if name.startswith("model.layers.") and name.endswith("proj") and isinstance(m, torch.nn.Linear):
-            m.register_forward_pre_hook(lambda mod, args: (quant(args[0]),) + tuple(args[1:]))
+            if scheme == "nvfp4":
+                gs = input_scales[name]
+                m.register_forward_pre_hook(lambda mod, args, gs=gs: (fp4(args[0], gs),) + tuple(args[1:]))
+            else:
+                m.register_forward_pre_hook(lambda mod, args: (fp8(args[0]),) + tuple(args[1:]))
     return model
 
 

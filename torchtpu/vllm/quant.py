@@ -15,6 +15,10 @@ Kernels, by vLLM's kernel type:
 * ``fp8`` -- per-tensor / per-channel FP8 weights with static or dynamic per-tensor / per-token
   activations (``quant_method: fp8`` without blocks, compressed-tensors FP8): ``torch._scaled_mm``
   with the scales as its tensor-wise / row-wise operands.
+* ``nvfp4`` -- NVFP4 W4A4 (compressed-tensors ``nvfp4-pack-quantized``, ModelOpt NVFP4): packed
+  e2m1 weights with e4m3 scales per 16 and a global scale; activations quantized to NVFP4 with
+  the checkpoint's input global scale, then one ``torchtpu::block_scaled_mm`` on the packed
+  operands (``torchtpu.quant.nvfp4_matmul``).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from vllm.model_executor.kernels.linear import (
     FP8ScaledMMLinearLayerConfig,
     register_linear_kernel,
 )
+from vllm.model_executor.kernels.linear import NvFp4LinearKernel, NvFp4LinearLayerConfig
 from vllm.model_executor.kernels.linear.scaled_mm.pytorch import BlockWiseTorchFP8ScaledMMLinearKernel
 from vllm.platforms import PlatformEnum
 
@@ -84,6 +89,38 @@ class TpuFP8ScaledMMKernel(FP8ScaledMMLinearKernel):
         return None
 
 
+class TpuNvFp4Kernel(NvFp4LinearKernel):
+    """NVFP4 W4A4 on the packed operands. The quantization method leaves on the layer (vLLM's
+    contract, as its emulation kernel reads it): ``weight`` uint8 (N, K/2), ``weight_scale``
+    e4m3 (N, K/16), ``weight_global_scale`` and ``input_global_scale`` (dequantizing
+    multipliers) and ``alpha`` (their product)."""
+
+    @classmethod
+    def is_supported(cls, compute_capability: int | None = None) -> tuple[bool, str | None]:
+        return _on_tpu()
+
+    @classmethod
+    def can_implement(cls, config: NvFp4LinearLayerConfig) -> tuple[bool, str | None]:
+        return True, None
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        if layer.weight_scale.dtype != torch.float8_e4m3fn or layer.weight.dtype != torch.uint8:
+            raise ValueError(f"torchtpu NVFP4 kernel: expected uint8 weights with float8_e4m3fn block "
+                             f"scales, got {layer.weight.dtype} / {layer.weight_scale.dtype}")
+
+    def apply_weights(self, layer: torch.nn.Module, x: torch.Tensor,
+                      bias: torch.Tensor | None = None) -> torch.Tensor:
+        from torchtpu.quant import nvfp4_matmul, quantize_nvfp4
+
+        x2 = x.reshape(-1, x.shape[-1])
+        xq, xs = quantize_nvfp4(x2, layer.input_global_scale)
+        w = layer.weight.view(torch.float4_e2m1fn_x2)
+        out = nvfp4_matmul(xq, xs, w, layer.weight_scale, global_scale=layer.alpha, out_dtype=x.dtype)
+        if bias is not None:
+            out = out + bias
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
 def register() -> None:
     """Adds the kernels above to vLLM's per-platform kernel lists (PlatformEnum.OOT); once per
     process, before the model is built."""
@@ -92,4 +129,5 @@ def register() -> None:
         return
     register_linear_kernel(TpuBlockFP8Kernel, PlatformEnum.OOT, "fp8_block")
     register_linear_kernel(TpuFP8ScaledMMKernel, PlatformEnum.OOT, "fp8")
+    register_linear_kernel(TpuNvFp4Kernel, PlatformEnum.OOT, "nvfp4")
     _registered = True
