@@ -31,8 +31,9 @@ class _Spec:
         self.sliding_window = sliding_window
 
 
-def _reference(q, k, v, scale, window, soft_cap):
-    """q [L, H, D] (the last L positions), k/v [S, Hkv, D] (all positions): causal attention."""
+def _reference(q, k, v, scale, window, soft_cap, sinks=None):
+    """q [L, H, D] (the last L positions), k/v [S, Hkv, D] (all positions): causal attention;
+    sinks [H]: one extra logit per head in the softmax's denominator (gpt-oss)."""
     L, H, _ = q.shape
     S, Hkv, _ = k.shape
     g = H // Hkv
@@ -47,15 +48,20 @@ def _reference(q, k, v, scale, window, soft_cap):
     if window:
         ok &= kpos > qpos - window
     s = s.masked_fill(~ok, float("-inf"))
-    return torch.einsum("hls,shd->lhd", torch.softmax(s, -1), v.double()).float()
+    if sinks is not None:
+        p = torch.softmax(torch.cat([s, sinks.double()[:, None, None].expand(H, L, 1)], -1), -1)[..., :-1]
+    else:
+        p = torch.softmax(s, -1)
+    return torch.einsum("hls,shd->lhd", p, v.double()).float()
 
 
 # group_window: the KV cache group's spec window. vLLM merges sliding and full layers of a
 # hybrid model (Gemma2/3) into one FullAttentionSpec carrying the window when its hybrid KV
 # cache manager is off; a full layer (window None) of that group must still attend to all keys.
-@pytest.mark.parametrize("window,soft_cap,group_window",
-                         [(None, None, None), (5, None, 5), (None, 30.0, None), (None, None, 5), (5, None, None)])
-def test_mixed_batch_matches_dense(window, soft_cap, group_window):
+@pytest.mark.parametrize("window,soft_cap,group_window,sinks",
+                         [(None, None, None, False), (5, None, 5, False), (None, 30.0, None, False),
+                          (None, None, 5, False), (5, None, None, False), (5, None, None, True)])
+def test_mixed_batch_matches_dense(window, soft_cap, group_window, sinks):
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     H, Hkv, D, bs, n_blocks = 4, 2, 8, 4, 32
@@ -63,8 +69,9 @@ def test_mixed_batch_matches_dense(window, soft_cap, group_window):
     # (context already in the cache, new tokens this step): prefill, decode, chunked prefill, decode
     reqs = [(0, 7), (9, 1), (5, 6), (3, 1)]
     scale = D ** -0.5
+    sink = torch.randn(H) * 2 if sinks else None
     impl = TpuPagedAttentionImpl(H, D, scale, num_kv_heads=Hkv, sliding_window=window,
-                                 logits_soft_cap=soft_cap)
+                                 logits_soft_cap=soft_cap, sinks=None if sink is None else sink.to(dev))
     cache = torch.zeros(n_blocks, bs, Hkv, 2 * D)  # [B, N, H, C]: the runner's per-layer tensor
     kv_cache = cache.to(dev).permute(0, 2, 1, 3)  # the [B, H, N, C] view vLLM binds
     perm = rng.permutation(np.arange(1, n_blocks))  # block 0 is vLLM's null block
@@ -116,7 +123,7 @@ def test_mixed_batch_matches_dense(window, soft_cap, group_window):
 
     start = 0
     for r, (ctx, new) in enumerate(reqs):
-        ref = _reference(query[start:start + new], full_k[r], full_v[r], scale, window, soft_cap)
+        ref = _reference(query[start:start + new], full_k[r], full_v[r], scale, window, soft_cap, sink)
         torch.testing.assert_close(got[start:start + new], ref, rtol=1e-4, atol=1e-4)
         start += new
     # the cache holds every token's key|value at its slot; block 0 only took the padding
@@ -124,6 +131,15 @@ def test_mixed_batch_matches_dense(window, soft_cap, group_window):
     for r in range(len(reqs)):
         s = torch.tensor(slots_ctx[r] + slots_new[r])
         torch.testing.assert_close(flat[s], torch.cat([full_k[r], full_v[r]], -1))
+
+
+def test_unknown_attention_arguments_are_refused():
+    """A model's extra attention argument that the backend does not implement is refused by
+    name, never dropped (vLLM passes them as keyword arguments to the impl)."""
+    with pytest.raises(NotImplementedError, match="q_norm_eps"):
+        TpuPagedAttentionImpl(4, 8, 0.3, num_kv_heads=2, q_norm_eps=1e-6)
+    with pytest.raises(ValueError, match="sinks must have shape"):
+        TpuPagedAttentionImpl(4, 8, 0.3, num_kv_heads=2, sinks=torch.zeros(2))
 
 
 def test_one_token_kv_write():

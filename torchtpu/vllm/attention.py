@@ -84,6 +84,10 @@ class TpuPagedAttentionBackend(AttentionBackend):
         return True
 
     @classmethod
+    def supports_sink(cls) -> bool:
+        return True
+
+    @classmethod
     def supports_attn_type(cls, attn_type: str) -> bool:
         return attn_type == AttentionType.DECODER
 
@@ -180,7 +184,13 @@ class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):
                  alibi_slopes: list[float] | None = None, sliding_window: int | None = None,
                  kv_cache_dtype: str = "auto", logits_soft_cap: float | None = None,
                  attn_type: str = AttentionType.DECODER, kv_sharing_target_layer_name: str | None = None,
-                 **kwargs) -> None:
+                 sinks: torch.Tensor | None = None, **kwargs) -> None:
+        # A model's extra attention arguments change the result: refuse those not handled here
+        # rather than drop them (a dropped `sinks` would silently change every token).
+        unknown = sorted(k for k, v in kwargs.items() if v is not None)
+        if unknown:
+            raise NotImplementedError(f"torchtpu's vLLM attention: argument(s) {', '.join(unknown)} "
+                                      "are not supported")
         if alibi_slopes is not None:
             raise NotImplementedError("torchtpu's vLLM attention: ALiBi is not supported yet")
         if attn_type != AttentionType.DECODER:
@@ -197,6 +207,11 @@ class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):
         self.logits_soft_cap = logits_soft_cap or None
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        if sinks is not None and tuple(sinks.shape) != (num_heads,):
+            raise ValueError(f"torchtpu's vLLM attention: sinks must have shape ({num_heads},), "
+                             f"got {tuple(sinks.shape)}")
+        # attention sinks (gpt-oss): one learned logit per head, in every softmax's denominator
+        self.sinks = sinks
 
     @staticmethod
     def _flat(kv_cache: torch.Tensor) -> torch.Tensor:
@@ -238,7 +253,11 @@ class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):
         if self.logits_soft_cap is not None:
             scores = torch.tanh(scores / self.logits_soft_cap) * self.logits_soft_cap
         scores = scores.masked_fill(~m.mask(self.sliding_window), float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
+        if self.sinks is not None:
+            sink = self.sinks.float().view(1, hkv, g, 1, 1).expand(*scores.shape[:-1], 1)
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(scores, dim=-1)
         out = torch.matmul(probs, v.float())                               # [R, Hkv, G, Q, Dv]
         out = out.permute(0, 3, 1, 2, 4).reshape(rows * q_len, h, dv)       # [R*Q, H, Dv]
         output[:n_tok].copy_(out.index_select(0, m.tok_src).to(output.dtype))
