@@ -1,6 +1,7 @@
 """Model families on torchtpu's vLLM plugin: greedy tokens equal Hugging Face ``generate`` on
 CPU (fp32) for tiny Qwen3, Gemma (tied embeddings), Gemma2 and Gemma3 (sliding-window and full
-layers alternating, soft caps), Qwen3-MoE and Mixtral built from configs with the local
+layers alternating, soft caps), Qwen3-MoE, Mixtral and gpt-oss (attention sinks, expert
+biases, clamped SwiGLU) built from configs with the local
 tokenizer (tests/vllm/tiny.py). The MoE models run through the plugin's MoE
 method (torchtpu/vllm/moe.py). Skipped without vLLM, like test_vllm_offline.py."""
 import os
@@ -18,7 +19,7 @@ import tiny  # noqa: E402
 from test_vllm_offline import GREEDY, LLM_KWARGS, MAX_TOKENS, PROMPTS, pytestmark, run_llm  # noqa: E402,F401
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma", "gemma2", "gemma3", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma", "gemma2", "gemma3", "qwen3_moe", "mixtral", "gpt_oss"])
 def test_family_greedy_matches_hf_fp32(tmp_path, family):
     d = str(tmp_path / family)
     model, tok = tiny.MODELS[family](d)

@@ -167,6 +167,25 @@ def make_gemma3(out_dir: str, seed: int = 0, vocab_size: int = 512):
     return _save(Gemma3ForCausalLM, cfg, out_dir, tok, seed, post)
 
 
+def make_gpt_oss(out_dir: str, seed: int = 0, vocab_size: int = 512):
+    """Tiny gpt-oss: attention sinks, sliding window (8) on alternate layers, attention biases,
+    YaRN RoPE, a 4-expert top-2 MoE with expert biases and the clamped SwiGLU (gate/up
+    interleaved); hidden and expert width 64 (multiples of MXFP4's 32-blocks)."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    tok = make_tokenizer(out_dir, vocab_size)
+    cfg = GptOssConfig(**{**_common(tok, vocab_size), "intermediate_size": 64}, head_dim=16,
+                       num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                       layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=False,
+                       attn_implementation="eager")
+
+    def post(model):
+        for layer in model.model.layers:  # visible sinks (init is ~0: no effect to test)
+            layer.self_attn.sinks.normal_(0.0, 1.0)
+
+    return _save(GptOssForCausalLM, cfg, out_dir, tok, seed, post)
+
+
 def quantize_fp8_blocks(w, block=(128, 128)):
     """A float weight (N, K) -> (float8_e4m3fn weight, f32 weight_scale_inv (N/bn, K/bk)) with
     w ~= weight * scale_inv per block: the fine-grained FP8 (DeepSeek) checkpoint layout."""
@@ -380,7 +399,7 @@ def activation_reference(model, scheme: str, input_scales: dict | None = None):
 
 
 MODELS = {"qwen3": make_qwen3, "gemma": make_gemma, "qwen3_moe": make_qwen3_moe, "mixtral": make_mixtral,
-          "gemma2": make_gemma2, "gemma3": make_gemma3}
+          "gemma2": make_gemma2, "gemma3": make_gemma3, "gpt_oss": make_gpt_oss}
 
 
 def hf_greedy(model, tok, prompts: list[str], max_tokens: int) -> list[list[int]]:

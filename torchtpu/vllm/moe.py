@@ -16,8 +16,9 @@ routed scaling), then every expert densely as batched matmuls over the expert ax
 combined with the routing weights. Shapes depend only on the token count (no gathers of a
 data-dependent size), so each batch size lowers to one XLA program; the compute is
 ``num_experts / top_k`` times the sparse minimum, fine for small expert counts.
-Grouped top-k, custom routing functions, score-correction bias, expert parallelism and
-EPLB raise NotImplementedError naming the feature.
+Expert biases and gpt-oss's clamped SwiGLU are supported. Grouped top-k, custom routing
+functions, score-correction bias, expert parallelism and EPLB raise NotImplementedError
+naming the feature.
 """
 from __future__ import annotations
 
@@ -31,6 +32,15 @@ _registered = False
 
 
 def _act_and_mul(activation: MoEActivation, h: torch.Tensor) -> torch.Tensor:
+    if activation in (MoEActivation.SWIGLUOAI, MoEActivation.SWIGLUOAI_UNINTERLEAVE):
+        # gpt-oss's clamped SwiGLU (vLLM's SwigluOAIAndMul: alpha 1.702, limit 7); SWIGLUOAI has
+        # gate/up interleaved in w13, the _UNINTERLEAVE variant has them as two halves
+        if activation == MoEActivation.SWIGLUOAI:
+            g, u = h[..., ::2], h[..., 1::2]
+        else:
+            g, u = h[..., :h.shape[-1] // 2], h[..., h.shape[-1] // 2:]
+        g, u = g.clamp(max=7.0), u.clamp(min=-7.0, max=7.0)
+        return (u + 1) * (g * torch.sigmoid(g * 1.702))
     if activation.is_gated:
         d = h.shape[-1] // 2
         g, u = h[..., :d], h[..., d:]
@@ -73,8 +83,6 @@ class TpuUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
             unsupported.append("expert parallelism (expert_map)")
         if getattr(layer, "apply_router_weight_on_input", False):
             unsupported.append("router weights on the input")
-        if self.moe.has_bias:
-            unsupported.append("expert biases")
         if unsupported:
             raise NotImplementedError("torchtpu's vLLM MoE does not support " + ", ".join(unsupported) + " yet")
 
@@ -96,10 +104,19 @@ class TpuUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
             weights = weights * layer.routed_scaling_factor
         # [T, E] combine weights: zero for experts a token was not routed to.
         combine = (F.one_hot(ids.long(), num_experts).to(weights.dtype) * weights.unsqueeze(-1)).sum(1)
-        h = torch.einsum("th,eih->eti", x, layer.w13_weight)        # [E, T, 2I]
+        w13, w2 = self._expert_weights(layer, x.dtype)
+        h = torch.einsum("th,eih->eti", x, w13)                      # [E, T, 2I]
+        if self.moe.has_bias:
+            h = h + layer.w13_bias.to(h.dtype).unsqueeze(1)
         a = _act_and_mul(layer.activation, h)                        # [E, T, I]
-        y = torch.einsum("eti,ehi->eth", a, layer.w2_weight)         # [E, T, H]
+        y = torch.einsum("eti,ehi->eth", a, w2)                      # [E, T, H]
+        if self.moe.has_bias:
+            y = y + layer.w2_bias.to(y.dtype).unsqueeze(1)
         return torch.einsum("te,eth->th", combine.to(y.dtype), y)
+
+    def _expert_weights(self, layer, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """w13 [E, 2I, H] and w2 [E, H, I] in the compute dtype (quantized methods dequantize)."""
+        return layer.w13_weight, layer.w2_weight
 
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
         raise AssertionError("torchtpu's MoE method is monolithic (routes inside apply_monolithic)")
