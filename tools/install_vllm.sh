@@ -21,21 +21,25 @@ TORCH_PIN="torch==2.13.0"
 PIP=("$PYTHON" -m pip)
 
 dev_entry_point() {
-  # vLLM finds platforms only through entry points of installed distributions
-  # (vllm/plugins/__init__.py, load_plugins_by_group). An installed torchtpu declares
-  # `torchtpu = "torchtpu.vllm:register"` (pyproject.toml); for a source tree on PYTHONPATH,
-  # write a distribution declaring the same (remove: pip uninstall torchtpu-vllm-dev).
+  # vLLM finds platforms and general plugins only through entry points of installed
+  # distributions (vllm/plugins/__init__.py, load_plugins_by_group). An installed torchtpu
+  # declares both (pyproject.toml); for a source tree on PYTHONPATH, write a distribution
+  # declaring the same (remove: pip uninstall torchtpu-vllm-dev).
   "$PYTHON" - <<'PY'
 import importlib.metadata as m, os, sysconfig
-if any(e.value == "torchtpu.vllm:register" for e in m.entry_points(group="vllm.platform_plugins")):
-    print("install_vllm: entry point vllm.platform_plugins torchtpu present")
+eps = m.entry_points()
+want = {("vllm.platform_plugins", "torchtpu.vllm:register"),
+        ("vllm.general_plugins", "torchtpu.vllm:register_extensions")}
+if all(any(e.value == v for e in eps.select(group=g)) for g, v in want):
+    print("install_vllm: entry points vllm.platform_plugins and vllm.general_plugins torchtpu present")
 else:
     d = os.path.join(sysconfig.get_paths()["purelib"], "torchtpu_vllm_dev-0.0.0.dist-info")
     os.makedirs(d, exist_ok=True)
     files = {
         "METADATA": "Metadata-Version: 2.1\nName: torchtpu-vllm-dev\nVersion: 0.0.0\n"
                     "Summary: torchtpu's vLLM platform entry point, for a torchtpu source tree on PYTHONPATH\n",
-        "entry_points.txt": "[vllm.platform_plugins]\ntorchtpu = torchtpu.vllm:register\n",
+        "entry_points.txt": "[vllm.platform_plugins]\ntorchtpu = torchtpu.vllm:register\n\n"
+                            "[vllm.general_plugins]\ntorchtpu = torchtpu.vllm:register_extensions\n",
         "INSTALLER": "tools/install_vllm.sh\n",
     }
     files["RECORD"] = "".join(f"torchtpu_vllm_dev-0.0.0.dist-info/{f},,\n" for f in [*files, "RECORD"])

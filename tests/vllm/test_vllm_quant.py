@@ -1,4 +1,4 @@
-"""Quantized checkpoints through vLLM on tpu (torchtpu/vllm/quant.py): vLLM's own quantization
+"""Quantized checkpoints (FP8, NVFP4, gpt-oss MXFP4) through vLLM on tpu (torchtpu/vllm/quant.py): vLLM's own quantization
 methods load the packed tensors; torchtpu's kernels, registered with vLLM's public
 ``register_linear_kernel``, run them on the device.
 
@@ -98,6 +98,42 @@ def test_nvfp4_checkpoint(tmp_path):
     # 2 layers x (4 x 128x128 + 3 x 256x128) values, two per uint8
     assert w["weight_bytes_by_dtype"].get("torch.uint8", 0) == 2 * (4 * 128 * 128 + 3 * 256 * 128) // 2
     assert 0.95 * held <= w["model_memory"] <= 1.05 * held, (w["model_memory"], held)
+    assert w["cpu_fallbacks"] == {}, w["cpu_fallbacks"]
+
+
+def test_gpt_oss_mxfp4_checkpoint(tmp_path):
+    """gpt-oss MXFP4 (OpenAI's layout: expert blocks and e8m0 scales, bf16 biases, the rest
+    unquantized): vLLM loads it with torchtpu's MoE method (TpuGptOssMxfp4MoEMethod), the
+    experts stay packed on the device and run W4A16 on weights dequantized in the step.
+
+    References: (1) the same checkpoint dequantized (transformers' own MXFP4 decoding agrees
+    with tiny.quantize_mxfp4) and saved unquantized, served by the same vLLM on tpu in bfloat16:
+    the tokens must be equal; (2) that model on CPU in float32 (transformers): teacher forcing,
+    each token a near-argmax. Bound 0.6: this tiny model has a router near-tie (layer 0, the
+    prompt's first token: 2nd and 3rd expert logits 0.006 apart) that bfloat16 flips; it moves
+    one step's logits by ~0.5 (measured); elsewhere the gaps are bfloat16 noise (< 0.05)."""
+    d = str(tmp_path / "ckpt")
+    model, tok, packed = tiny.make_gpt_oss_mxfp4(d)
+    plain = str(tmp_path / "dequantized")
+    model.config.quantization_config = None
+    del model.config.quantization_config
+    model.save_pretrained(plain)
+    tok.save_pretrained(plain)
+    spec = {"batches": [PROMPTS], "llm_kwargs": LLM_KWARGS, "sampling": GREEDY, "worker_report": True}
+    res = run_llm(tmp_path, dict(spec, model=d))
+    ref = run_llm(tmp_path, dict(spec, model=plain))
+    b = res["batches"][0]
+    assert b["token_ids"] == ref["batches"][0]["token_ids"]
+    gaps = _teacher_forced_gaps(model, b["prompt_token_ids"], b["token_ids"])
+    assert max(max(g) for g in gaps) < 0.6, gaps
+    assert sum(x < 0.05 for g in gaps for x in g) >= len(PROMPTS) * MAX_TOKENS - 2, gaps
+    (w,) = res["workers"]
+    # the experts' packed blocks and scales, and nothing else, in uint8
+    assert w["weight_bytes_by_dtype"].get("torch.uint8", 0) == packed, w["weight_bytes_by_dtype"]
+    assert w["quant_methods"] == ["TpuGptOssMxfp4MoEMethod"], w["quant_methods"]
+    assert ref["workers"][0]["quant_methods"] == ["TpuUnquantizedFusedMoEMethod"]
+    # the packed experts (4.25 bits a value) load in less memory than the bf16 ones
+    assert w["model_memory"] < ref["workers"][0]["model_memory"]
     assert w["cpu_fallbacks"] == {}, w["cpu_fallbacks"]
 
 

@@ -293,6 +293,61 @@ def quantize_nvfp4_weight(w, g=None):
     return packed, s, g.reshape(1), deq
 
 
+def quantize_mxfp4(w):
+    """A float tensor (..., K) -> OCP MXFP4 as gpt-oss checkpoints store it: ``blocks`` uint8
+    (..., K/32, 16) (element 2i in the low nibble) and ``scales`` uint8 (..., K/32), the e8m0
+    exponent floor(log2(amax of the 32)) - 2 biased by 127; also the dequantized tensor.
+    Written out here, independent of torchtpu.quant."""
+    import torch
+
+    table = torch.tensor(E2M1_VALUES)
+    b = w.float().reshape(*w.shape[:-1], w.shape[-1] // 32, 32)
+    amax = b.abs().amax(-1, keepdim=True)
+    e = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp(min=2.0 ** -126))) - 2, torch.full_like(amax, -127))
+    e = e.clamp(-127, 127)
+    v = (b / torch.exp2(e)).clamp(-6, 6)
+    code = (v.abs().unsqueeze(-1) - table).abs().argmin(-1)
+    deq = (table[code] * torch.where(v < 0, -1.0, 1.0) * torch.exp2(e)).reshape(w.shape)
+    code = (code | torch.where(v < 0, 8, 0)).to(torch.uint8)
+    blocks = code[..., 0::2] | (code[..., 1::2] << 4)
+    return blocks, (e.squeeze(-1) + 127).to(torch.uint8), deq
+
+
+def make_gpt_oss_mxfp4(out_dir: str, seed: int = 0, vocab_size: int = 512):
+    """The tiny gpt-oss of make_gpt_oss saved as OpenAI's MXFP4 checkpoints are (quant_method
+    "mxfp4"): each layer's experts as ``{gate_up,down}_proj_blocks`` / ``_scales`` of the
+    transposed weights ([E, 2I, H/32, 16], [E, H, I/32, 16]), biases bfloat16, the rest
+    float32 and unquantized. Returns the model with the expert weights dequantized (the
+    reference), the tokenizer and the packed expert bytes."""
+    import torch
+    from safetensors.torch import save_file
+
+    model, tok = make_gpt_oss(out_dir, seed, vocab_size)
+    tensors, packed = {}, 0
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+                blocks, scales, deq = quantize_mxfp4(p.transpose(1, 2))  # [E, out, in]
+                p.copy_(deq.transpose(1, 2))
+                tensors[name + "_blocks"], tensors[name + "_scales"] = blocks.contiguous(), scales.contiguous()
+                packed += blocks.numel() + scales.numel()
+            elif name.endswith("_proj_bias") and ".experts." in name:
+                p.copy_(p.to(torch.bfloat16).float())  # stored in bfloat16
+                tensors[name] = p.detach().to(torch.bfloat16).contiguous()
+            else:
+                tensors[name] = p.detach().clone().contiguous()
+    model.config.quantization_config = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"]}
+    model.config.save_pretrained(out_dir)
+    for f in os.listdir(out_dir):
+        if f.endswith(".safetensors") or f.endswith(".safetensors.index.json"):
+            os.remove(os.path.join(out_dir, f))
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    return model, tok, packed
+
+
 NVFP4_CONFIG = {  # llm-compressor's NVFP4 scheme (W4A4; activations with a calibrated global scale)
     "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
     "quantization_status": "compressed", "ignore": ["lm_head"],
@@ -489,6 +544,10 @@ def _worker_report(worker) -> dict:
     return {"device": str(worker.device), "rank": dist.get_rank() if dist.is_initialized() else None,
             # torch.tpu.memory_allocated() over the model's load (vLLM's DeviceMemoryProfiler)
             "model_memory": worker.model_runner.model_memory_usage, "weight_bytes_by_dtype": by_dtype,
+            # the MoE layers' quantization methods (class names)
+            "quant_methods": sorted({type(m.quant_method).__name__ for m in model.modules()
+                                     if any(c.__name__ == "RoutedExperts" for c in type(m).__mro__)
+                                     and getattr(m, "quant_method", None) is not None}),
             "backend": str(dist.get_backend()) if dist.is_initialized() else None,
             "cpu_fallbacks": m["cpu_fallbacks"], "native_executions": m["native_executions"]}
 

@@ -24,3 +24,21 @@ def register() -> str | None:
     if tpu is None or not tpu.is_available():
         return None
     return PLATFORM_QUALNAME
+
+
+def register_extensions() -> None:
+    """vLLM general-plugin hook (group ``vllm.general_plugins``), run by vLLM in every process
+    before it builds the engine's config or a model: on torchtpu's platform, registers the
+    quantized kernels and methods (torchtpu/vllm/quant.py) and the MoE method
+    (torchtpu/vllm/moe.py) with vLLM's public registries. Does nothing on another platform."""
+    from vllm.platforms import current_platform
+
+    from .platform import TpuPlatform
+
+    if not isinstance(current_platform, TpuPlatform):
+        return
+    from .moe import register as register_moe
+    from .quant import register as register_quant
+
+    register_moe()
+    register_quant()

@@ -60,8 +60,57 @@ def _act_and_mul(activation: MoEActivation, h: torch.Tensor) -> torch.Tensor:
     return a if u is None else a * u
 
 
-class TpuUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
-    """vLLM's unquantized MoE method with routing and experts as torch ops (see module doc)."""
+def check_supported(method, layer) -> None:
+    """NotImplementedError naming every routing feature of ``layer`` that moe_forward lacks."""
+    unsupported = []
+    if getattr(layer, "use_grouped_topk", False):
+        unsupported.append("grouped top-k routing")
+    if getattr(layer, "custom_routing_function", None) is not None:
+        unsupported.append("a custom routing function")
+    if getattr(layer, "e_score_correction_bias", None) is not None:
+        unsupported.append("score-correction bias")
+    if getattr(layer, "expert_map", None) is not None:
+        unsupported.append("expert parallelism (expert_map)")
+    if getattr(layer, "apply_router_weight_on_input", False):
+        unsupported.append("router weights on the input")
+    if unsupported:
+        raise NotImplementedError(f"torchtpu's vLLM MoE ({type(method).__name__}) does not support "
+                                  + ", ".join(unsupported) + " yet")
+
+
+def moe_forward(method, layer, x: torch.Tensor, router_logits: torch.Tensor,
+                w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """Routing from the router logits and every expert densely: x [T, H], w13 [E, 2I, H],
+    w2 [E, H, I] (in x's dtype), the layer's expert biases when the method has them."""
+    check_supported(method, layer)
+    num_experts = w13.shape[0]
+    scores = router_logits.float()
+    if layer.scoring_func == "softmax":
+        scores = torch.softmax(scores, dim=-1)
+    elif layer.scoring_func == "sigmoid":
+        scores = torch.sigmoid(scores)
+    else:
+        raise NotImplementedError(f"torchtpu's vLLM MoE: scoring function {layer.scoring_func!r}")
+    weights, ids = torch.topk(scores, layer.top_k, dim=-1)
+    if layer.renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    if layer.routed_scaling_factor != 1.0:
+        weights = weights * layer.routed_scaling_factor
+    # [T, E] combine weights: zero for experts a token was not routed to.
+    combine = (F.one_hot(ids.long(), num_experts).to(weights.dtype) * weights.unsqueeze(-1)).sum(1)
+    h = torch.einsum("th,eih->eti", x, w13)                          # [E, T, 2I]
+    if method.moe.has_bias:
+        h = h + layer.w13_bias.to(h.dtype).unsqueeze(1)
+    a = _act_and_mul(layer.activation, h)                            # [E, T, I]
+    y = torch.einsum("eti,ehi->eth", a, w2)                          # [E, T, H]
+    if method.moe.has_bias:
+        y = y + layer.w2_bias.to(y.dtype).unsqueeze(1)
+    return torch.einsum("te,eth->th", combine.to(y.dtype), y)
+
+
+class TpuMoEMixin:
+    """What torchtpu's MoE methods share: monolithic (routing inside), no EPLB, experts by
+    moe_forward on the weights ``expert_weights`` gives (in the activations' dtype)."""
 
     @property
     def is_monolithic(self) -> bool:
@@ -71,55 +120,19 @@ class TpuUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
     def supports_eplb(self) -> bool:
         return False
 
-    def _check(self, layer) -> None:
-        unsupported = []
-        if getattr(layer, "use_grouped_topk", False):
-            unsupported.append("grouped top-k routing")
-        if getattr(layer, "custom_routing_function", None) is not None:
-            unsupported.append("a custom routing function")
-        if getattr(layer, "e_score_correction_bias", None) is not None:
-            unsupported.append("score-correction bias")
-        if getattr(layer, "expert_map", None) is not None:
-            unsupported.append("expert parallelism (expert_map)")
-        if getattr(layer, "apply_router_weight_on_input", False):
-            unsupported.append("router weights on the input")
-        if unsupported:
-            raise NotImplementedError("torchtpu's vLLM MoE does not support " + ", ".join(unsupported) + " yet")
+    def expert_weights(self, layer, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return layer.w13_weight, layer.w2_weight
 
     def apply_monolithic(self, layer, x: torch.Tensor, router_logits: torch.Tensor,
                          input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        self._check(layer)
-        num_experts = layer.w13_weight.shape[0]
-        scores = router_logits.float()
-        if layer.scoring_func == "softmax":
-            scores = torch.softmax(scores, dim=-1)
-        elif layer.scoring_func == "sigmoid":
-            scores = torch.sigmoid(scores)
-        else:
-            raise NotImplementedError(f"torchtpu's vLLM MoE: scoring function {layer.scoring_func!r}")
-        weights, ids = torch.topk(scores, layer.top_k, dim=-1)
-        if layer.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        if layer.routed_scaling_factor != 1.0:
-            weights = weights * layer.routed_scaling_factor
-        # [T, E] combine weights: zero for experts a token was not routed to.
-        combine = (F.one_hot(ids.long(), num_experts).to(weights.dtype) * weights.unsqueeze(-1)).sum(1)
-        w13, w2 = self._expert_weights(layer, x.dtype)
-        h = torch.einsum("th,eih->eti", x, w13)                      # [E, T, 2I]
-        if self.moe.has_bias:
-            h = h + layer.w13_bias.to(h.dtype).unsqueeze(1)
-        a = _act_and_mul(layer.activation, h)                        # [E, T, I]
-        y = torch.einsum("eti,ehi->eth", a, w2)                      # [E, T, H]
-        if self.moe.has_bias:
-            y = y + layer.w2_bias.to(y.dtype).unsqueeze(1)
-        return torch.einsum("te,eth->th", combine.to(y.dtype), y)
-
-    def _expert_weights(self, layer, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """w13 [E, 2I, H] and w2 [E, H, I] in the compute dtype (quantized methods dequantize)."""
-        return layer.w13_weight, layer.w2_weight
+        return moe_forward(self, layer, x, router_logits, *self.expert_weights(layer, x.dtype))
 
     def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
-        raise AssertionError("torchtpu's MoE method is monolithic (routes inside apply_monolithic)")
+        raise AssertionError("torchtpu's MoE methods are monolithic (they route inside apply_monolithic)")
+
+
+class TpuUnquantizedFusedMoEMethod(TpuMoEMixin, UnquantizedFusedMoEMethod):
+    """vLLM's unquantized MoE method with routing and experts as torch ops (see module doc)."""
 
 
 def register() -> None:

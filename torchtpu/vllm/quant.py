@@ -19,6 +19,15 @@ Kernels, by vLLM's kernel type:
   e2m1 weights with e4m3 scales per 16 and a global scale; activations quantized to NVFP4 with
   the checkpoint's input global scale, then one ``torchtpu::block_scaled_mm`` on the packed
   operands (``torchtpu.quant.nvfp4_matmul``).
+
+MoE: gpt-oss's MXFP4 experts (``quant_method: mxfp4``). vLLM's ``GptOssMxfp4MoEMethod`` picks a
+CUDA/ROCm backend in its constructor and is not a ``CustomOp`` (no ``register_oot``), so the
+plugin registers a subclass of vLLM's config with vLLM's public ``register_quantization_config``
+under vLLM's name ``gpt_oss_mxfp4`` (registered configs take precedence; only on this platform,
+by the general plugin), whose only change is the MoE method. That method keeps vLLM's parameters (packed
+uint8 blocks, e8m0 scales, bf16 biases: vLLM's gpt-oss loader fills them) and runs the experts
+as torchtpu's MoE (torchtpu/vllm/moe.py) on weights dequantized inside the step's program (W4A16,
+as gpt-oss runs on Hopper); only the packed tensors stay resident.
 """
 from __future__ import annotations
 
@@ -31,7 +40,12 @@ from vllm.model_executor.kernels.linear import (
 )
 from vllm.model_executor.kernels.linear import NvFp4LinearKernel, NvFp4LinearLayerConfig
 from vllm.model_executor.kernels.linear.scaled_mm.pytorch import BlockWiseTorchFP8ScaledMMLinearKernel
+from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
+from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4Config, GptOssMxfp4MoEMethod
 from vllm.platforms import PlatformEnum
+
+from .moe import TpuMoEMixin
 
 _registered = False
 
@@ -121,13 +135,63 @@ class TpuNvFp4Kernel(NvFp4LinearKernel):
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
+class TpuGptOssMxfp4MoEMethod(TpuMoEMixin, GptOssMxfp4MoEMethod):
+    """gpt-oss MXFP4 experts on tpu: vLLM's parameters and loading, torchtpu's MoE compute."""
+
+    def __init__(self, moe):
+        # GptOssMxfp4MoEMethod.__init__ selects a CUDA/ROCm kernel backend (there is none here)
+        FusedMoEMethodBase.__init__(self, moe)
+        self.weight_dtype = "gpt_oss_mxfp4"
+        self.mxfp4_backend = None
+        self.experts_cls = None
+        self.max_capture_size = moe.max_capture_size
+        self.moe_kernel = None
+        self.w13_precision_config = self.w2_precision_config = None
+
+    def maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition, act_dtype,
+                            moe_parallel_config):
+        return FusedMoEMethodBase.maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition,
+                                                      act_dtype, moe_parallel_config)
+
+    def process_weights_after_loading(self, layer) -> None:
+        for name in ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"):
+            t = getattr(layer, name)
+            if t.dtype != torch.uint8:
+                raise ValueError(f"torchtpu gpt-oss MXFP4: {name} must be uint8, got {t.dtype}")
+
+    def get_fused_moe_quant_config(self, layer):
+        return None
+
+    def expert_weights(self, layer, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The packed experts ([E, N, K/2] e2m1 pairs, [E, N, K/32] e8m0 exponents) dequantized
+        to dtype inside the step's program; only the packed tensors stay resident."""
+        from torchtpu.quant import dequantize_mx
+
+        def deq(blocks, scales):
+            return dequantize_mx(blocks.view(torch.float4_e2m1fn_x2), scales.view(torch.float8_e8m0fnu), dtype)
+
+        return deq(layer.w13_weight, layer.w13_weight_scale), deq(layer.w2_weight, layer.w2_weight_scale)
+
+
+class TpuGptOssMxfp4Config(GptOssMxfp4Config):
+    """vLLM's gpt-oss MXFP4 config with torchtpu's MoE method (see the module doc). Registered
+    under vLLM's own name, "gpt_oss_mxfp4": vLLM's expert weight loader recognises gpt-oss's
+    fused expert tensors by that name (fused_moe/routed_experts.py:698), so a config of another
+    name cannot load them (docs/vllm.md)."""
+
+    def _make_moe_method(self, moe):
+        return TpuGptOssMxfp4MoEMethod(moe)
+
+
 def register() -> None:
-    """Adds the kernels above to vLLM's per-platform kernel lists (PlatformEnum.OOT); once per
-    process, before the model is built."""
+    """Adds the kernels above to vLLM's per-platform kernel lists (PlatformEnum.OOT) and the
+    MXFP4 config to vLLM's quantization methods; once per process, before the engine's config
+    is built (vLLM's general plugin hook, torchtpu.vllm:register_extensions)."""
     global _registered
     if _registered:
         return
     register_linear_kernel(TpuBlockFP8Kernel, PlatformEnum.OOT, "fp8_block")
     register_linear_kernel(TpuFP8ScaledMMKernel, PlatformEnum.OOT, "fp8")
     register_linear_kernel(TpuNvFp4Kernel, PlatformEnum.OOT, "nvfp4")
+    register_quantization_config(TpuGptOssMxfp4Config.get_name())(TpuGptOssMxfp4Config)
     _registered = True

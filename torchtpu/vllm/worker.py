@@ -114,11 +114,11 @@ class TpuWorker(Worker):
     def __init__(self, vllm_config: VllmConfig, local_rank: int, rank: int,
                  distributed_init_method: str, is_driver_worker: bool = False):
         super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker)
-        from .moe import register as register_moe
-        from .quant import register as register_quant_kernels
+        from . import register_extensions
 
-        register_moe()  # before the model is built (vLLM's public CustomOp.register_oot)
-        register_quant_kernels()  # vLLM's public register_linear_kernel
+        # vLLM runs it as a general plugin already; again here (idempotent) for environments
+        # that filter plugins (VLLM_PLUGINS): the model is built after this
+        register_extensions()
         if self.use_v2_model_runner:
             raise ValueError("torchtpu's vLLM worker runs vLLM's V1 model runner; "
                              "unset VLLM_USE_V2_MODEL_RUNNER")
