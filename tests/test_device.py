@@ -147,7 +147,8 @@ def test_event_elapsed_time_grows_with_work():
         return s.elapsed_time(e)
     small = min(timed(1) for _ in range(2))
     big = min(timed(40) for _ in range(2))
-    assert big > small > 0
+    # small may read 0 on a loaded host (completion stamps come from PJRT's callbacks, late)
+    assert big > small >= 0
 
 
 def test_event_query_and_stream_sync():

@@ -162,7 +162,12 @@ double ElapsedTime(void* a, void* b) {
               "torchtpu: both events must be recorded before elapsed_time");
   SynchronizeEvent(a);
   SynchronizeEvent(b);
-  return (DoneTime(eb) - DoneTime(ea)) / 1e6;
+  int64_t d = DoneTime(eb) - DoneTime(ea);
+  // Completion times are stamped by PJRT's ready callbacks, which a loaded host may run late
+  // and out of order: b recorded after a can then look done first. Work on one stream finishes
+  // in order, so that reads as no time (CUDA's elapsed_time is never negative for that order).
+  if (eb->t_record >= ea->t_record && d < 0) d = 0;
+  return d / 1e6;
 }
 
 }  // namespace tt
