@@ -186,6 +186,37 @@ def make_gpt_oss(out_dir: str, seed: int = 0, vocab_size: int = 512):
     return _save(GptOssForCausalLM, cfg, out_dir, tok, seed, post)
 
 
+def make_lora(out_dir: str, base, seed: int, rank: int = 8, alpha: int = 16,
+              targets=("q_proj", "v_proj", "down_proj")):
+    """A PEFT LoRA adapter for ``base`` (a model of make_llama) written as PEFT saves one
+    (adapter_config.json, adapter_model.safetensors: ``lora_A`` (r, in), ``lora_B`` (out, r)),
+    and a copy of ``base`` with the adapter merged (W + alpha / r * B @ A): the reference."""
+    import copy
+    import json as _json
+
+    import torch
+    from safetensors.torch import save_file
+
+    os.makedirs(out_dir, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    merged = copy.deepcopy(base)
+    tensors = {}
+    for name, m in merged.named_modules():
+        if isinstance(m, torch.nn.Linear) and name.split(".")[-1] in targets:
+            a = torch.randn(rank, m.in_features, generator=g) * 0.2
+            b = torch.randn(m.out_features, rank, generator=g) * 0.2
+            tensors[f"base_model.model.{name}.lora_A.weight"] = a
+            tensors[f"base_model.model.{name}.lora_B.weight"] = b
+            with torch.no_grad():
+                m.weight += (alpha / rank) * b @ a
+    save_file(tensors, os.path.join(out_dir, "adapter_model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(out_dir, "adapter_config.json"), "w") as f:
+        _json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha,
+                    "target_modules": list(targets), "bias": "none", "lora_dropout": 0.0,
+                    "fan_in_fan_out": False, "base_model_name_or_path": None}, f)
+    return merged
+
+
 def quantize_fp8_blocks(w, block=(128, 128)):
     """A float weight (N, K) -> (float8_e4m3fn weight, f32 weight_scale_inv (N/bn, K/bk)) with
     w ~= weight * scale_inv per block: the fine-grained FP8 (DeepSeek) checkpoint layout."""
@@ -569,7 +600,12 @@ def run(spec: dict) -> dict:
         for prompts in spec["batches"]:
             compiles = torchtpu.metrics()["compiles"]  # this process's (0 with an engine-core process)
             programs = _piece_programs()
-            outs = llm.generate(prompts, sp, use_tqdm=False)
+            lora = None
+            if spec.get("lora"):  # one LoRARequest (or None) per prompt: [name, id, path]
+                from vllm.lora.request import LoRARequest
+
+                lora = [LoRARequest(*x) if x else None for x in spec["lora"]]
+            outs = llm.generate(prompts, sp, use_tqdm=False, lora_request=lora)
             batches.append({
                 "compiles": torchtpu.metrics()["compiles"] - compiles,
                 "piece_programs": _piece_programs() - programs,  # compiled steps' new programs

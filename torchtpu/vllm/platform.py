@@ -104,6 +104,11 @@ class TpuPlatform(Platform):
             raise ValueError(f"torchtpu's vLLM platform does not support dtype {dtype}; "
                              f"supported: {', '.join(str(d) for d in _SUPPORTED_DTYPES)}")
 
+    @classmethod
+    def get_punica_wrapper(cls) -> str:
+        """LoRA: vLLM's punica wrapper over its pure-torch ops (vllm/lora/ops/torch_ops)."""
+        return "vllm.lora.punica_wrapper.punica_cpu.PunicaWrapperCPU"
+
     # ------------------------------------------------------------ compiled steps
     @classmethod
     def get_compile_backend(cls) -> str:
@@ -204,6 +209,13 @@ class TpuPlatform(Platform):
         cc = vllm_config.compilation_config
         from .compiler import COMPILER_QUALNAME
 
+        if vllm_config.lora_config is not None and cc.mode != CompilationMode.NONE:
+            # vLLM's pure-torch punica wrapper (get_punica_wrapper) branches in Python on each
+            # step's LoRA metadata (no_lora, prefill/decode, the batch's token counts): a
+            # compiled piece would freeze the warm-up's branch (measured: wrong tokens).
+            logger.warning("torchtpu's vLLM platform: with LoRA adapters the model runs eager steps "
+                           "(vLLM's torch LoRA ops branch on per-step metadata); compilation is off")
+            cc.mode = CompilationMode.NONE
         if model_config is None or model_config.enforce_eager or cc.mode == CompilationMode.NONE:
             cc.mode = CompilationMode.NONE
             cc.cudagraph_mode = CUDAGraphMode.NONE
@@ -231,8 +243,6 @@ class TpuPlatform(Platform):
             else:
                 cc.cudagraph_mode = CUDAGraphMode.NONE
 
-        if vllm_config.lora_config is not None:
-            raise NotImplementedError("torchtpu's vLLM platform: LoRA is not supported yet")
         if vllm_config.speculative_config is not None:
             # vLLM's GPU model runner builds torch.cuda.Stream()s for any speculative method
             # (v1/worker/gpu_model_runner.py:908, 933, 940): not constructible without CUDA, and
