@@ -33,9 +33,9 @@ def register_extensions() -> None:
     (torchtpu/vllm/moe.py) with vLLM's public registries. Does nothing on another platform."""
     from vllm.platforms import current_platform
 
-    from .platform import TpuPlatform
-
-    if not isinstance(current_platform, TpuPlatform):
+    # by module, before importing anything of torchtpu: on another platform (CUDA, or vLLM's
+    # own "tpu" platform, tpu-inference) this plugin must not even load torchtpu
+    if type(current_platform).__module__ != PLATFORM_QUALNAME.rsplit(".", 1)[0]:
         return
     from .moe import register as register_moe
     from .quant import register as register_quant
