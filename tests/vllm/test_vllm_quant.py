@@ -101,19 +101,12 @@ def test_nvfp4_checkpoint(tmp_path):
     assert w["cpu_fallbacks"] == {}, w["cpu_fallbacks"]
 
 
-def test_gpt_oss_mxfp4_checkpoint(tmp_path):
-    """gpt-oss MXFP4 (OpenAI's layout: expert blocks and e8m0 scales, bf16 biases, the rest
-    unquantized): vLLM loads it with torchtpu's MoE method (TpuGptOssMxfp4MoEMethod), the
-    experts stay packed on the device and run W4A16 on weights dequantized in the step.
-
-    References: (1) the same checkpoint dequantized (transformers' own MXFP4 decoding agrees
-    with tiny.quantize_mxfp4) and saved unquantized, served by the same vLLM on tpu in bfloat16:
-    the tokens must be equal; (2) that model on CPU in float32 (transformers): teacher forcing,
-    each token a near-argmax. Bound 0.6: this tiny model has a router near-tie (layer 0, the
-    prompt's first token: 2nd and 3rd expert logits 0.006 apart) that bfloat16 flips; it moves
-    one step's logits by ~0.5 (measured); elsewhere the gaps are bfloat16 noise (< 0.05)."""
-    d = str(tmp_path / "ckpt")
-    model, tok, packed = tiny.make_gpt_oss_mxfp4(d)
+def _against_dequantized(tmp_path, d, model, tok):
+    """Serves checkpoint ``d`` and the same weights dequantized (``model``, saved unquantized) on
+    the same vLLM; their tokens must be equal, and near-argmaxes of ``model`` on CPU in float32
+    (bound 0.6: a router near-tie that bfloat16 flips moves one step's logits by ~0.5; all but
+    two gaps must be bfloat16 noise, < 0.05). Returns the checkpoint's and the reference's
+    worker reports."""
     plain = str(tmp_path / "dequantized")
     model.config.quantization_config = None
     del model.config.quantization_config
@@ -127,13 +120,45 @@ def test_gpt_oss_mxfp4_checkpoint(tmp_path):
     gaps = _teacher_forced_gaps(model, b["prompt_token_ids"], b["token_ids"])
     assert max(max(g) for g in gaps) < 0.6, gaps
     assert sum(x < 0.05 for g in gaps for x in g) >= len(PROMPTS) * MAX_TOKENS - 2, gaps
-    (w,) = res["workers"]
+    return res["workers"][0], ref["workers"][0]
+
+
+def test_gpt_oss_mxfp4_checkpoint(tmp_path):
+    """gpt-oss MXFP4 (OpenAI's layout: expert blocks and e8m0 scales, bf16 biases, the rest
+    unquantized): vLLM loads it with torchtpu's MoE method (TpuGptOssMxfp4MoEMethod), the
+    experts stay packed on the device and run W4A16 on weights dequantized in the step.
+
+    References: (1) the same checkpoint dequantized (transformers' own MXFP4 decoding agrees
+    with tiny.quantize_mxfp4) and saved unquantized, served by the same vLLM on tpu in bfloat16:
+    the tokens must be equal; (2) that model on CPU in float32 (transformers): teacher forcing,
+    each token a near-argmax. Bound 0.6: this tiny model has a router near-tie (layer 0, the
+    prompt's first token: 2nd and 3rd expert logits 0.006 apart) that bfloat16 flips; it moves
+    one step's logits by ~0.5 (measured); elsewhere the gaps are bfloat16 noise (< 0.05)."""
+    d = str(tmp_path / "ckpt")
+    model, tok, packed = tiny.make_gpt_oss_mxfp4(d)
+    w, ref = _against_dequantized(tmp_path, d, model, tok)
     # the experts' packed blocks and scales, and nothing else, in uint8
     assert w["weight_bytes_by_dtype"].get("torch.uint8", 0) == packed, w["weight_bytes_by_dtype"]
     assert w["quant_methods"] == ["TpuGptOssMxfp4MoEMethod"], w["quant_methods"]
-    assert ref["workers"][0]["quant_methods"] == ["TpuUnquantizedFusedMoEMethod"]
+    assert ref["quant_methods"] == ["TpuUnquantizedFusedMoEMethod"]
     # the packed experts (4.25 bits a value) load in less memory than the bf16 ones
-    assert w["model_memory"] < ref["workers"][0]["model_memory"]
+    assert w["model_memory"] < ref["model_memory"]
+    assert w["cpu_fallbacks"] == {}, w["cpu_fallbacks"]
+
+
+def test_fp8_moe_checkpoint(tmp_path):
+    """Fine-grained FP8 MoE experts (Qwen3-MoE-FP8 layout: per-expert gate/up/down with 128x128
+    ``weight_scale_inv``; routers and, here, attention unquantized): vLLM's Fp8Config loads them
+    into torchtpu's TpuFp8MoEMethod (vLLM has no FP8 MoE backend out of tree), which dequantizes
+    the experts inside the step (W8A16). The tokens equal the dequantized checkpoint served by
+    the same engine (both round the same f32 products to bf16), and are near-argmaxes of that
+    checkpoint on HF CPU in float32 (bound as the MXFP4 test's: routing near-ties may flip)."""
+    d = str(tmp_path / "ckpt")
+    model, tok, fp8 = tiny.make_qwen3_moe_fp8(d, attention=False)
+    w, ref = _against_dequantized(tmp_path, d, model, tok)
+    assert w["weight_bytes_by_dtype"].get("torch.float8_e4m3fn", 0) == fp8, w["weight_bytes_by_dtype"]
+    assert w["quant_methods"] == ["TpuFp8MoEMethod"], w["quant_methods"]
+    assert w["model_memory"] < ref["model_memory"]
     assert w["cpu_fallbacks"] == {}, w["cpu_fallbacks"]
 
 

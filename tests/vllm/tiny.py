@@ -231,6 +231,62 @@ def quantize_fp8_blocks(w, block=(128, 128)):
     return q.reshape(N, K), scale, deq
 
 
+def make_qwen3_moe_fp8(out_dir: str, seed: int = 0, vocab_size: int = 512, attention: bool = True):
+    """Tiny Qwen3-MoE (hidden 128, 4 heads of 32, 4 experts of width 128, top-2) saved as a
+    fine-grained FP8 checkpoint (128x128 blocks, as Qwen3-30B-A3B-FP8): attention projections and
+    every expert's gate/up/down float8_e4m3fn with ``weight_scale_inv``, per expert under the
+    hub's names (``mlp.experts.{e}.gate_proj.weight``); routers (``modules_to_not_convert``),
+    norms, embeddings and LM head float32. Returns the dequantized model (the reference), the tokenizer and the fp8 bytes."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tok = make_tokenizer(out_dir, vocab_size)
+    cfg = Qwen3MoeConfig(**{**_common(tok, vocab_size), "hidden_size": 128, "num_key_value_heads": 4},
+                         head_dim=32, tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2,
+                         moe_intermediate_size=128, decoder_sparse_step=1, norm_topk_prob=True,
+                         mlp_only_layers=[])
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(cfg).eval()
+    tensors, fp8 = {}, 0
+    inter = cfg.moe_intermediate_size
+
+    def put(name, w):
+        nonlocal fp8
+        q, sc, deq = quantize_fp8_blocks(w)
+        tensors[name], tensors[name + "_scale_inv"] = q, sc
+        fp8 += q.numel()
+        return deq
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.1)
+            if name.endswith("experts.gate_up_proj"):  # [E, 2I, H]: gate rows, then up rows
+                base = name[:-len("gate_up_proj")]
+                for e in range(p.shape[0]):
+                    p[e, :inter] = put(f"{base}{e}.gate_proj.weight", p[e, :inter])
+                    p[e, inter:] = put(f"{base}{e}.up_proj.weight", p[e, inter:])
+            elif name.endswith("experts.down_proj"):  # [E, H, I]
+                base = name[:-len("down_proj")]
+                for e in range(p.shape[0]):
+                    p[e] = put(f"{base}{e}.down_proj.weight", p[e])
+            elif attention and name.startswith("model.layers.") and name.endswith("proj.weight"):
+                p.copy_(put(name, p))
+            else:
+                tensors[name] = p.detach().clone().contiguous()
+    # the routers stay unquantized, listed as the hub's FP8 MoE checkpoints list them
+    keep = [f"model.layers.{i}.mlp.gate" for i in range(cfg.num_hidden_layers)]
+    if not attention:
+        keep += [f"model.layers.{i}.self_attn.{m}" for i in range(cfg.num_hidden_layers)
+                 for m in ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")]
+    cfg.quantization_config = dict(FP8_CONFIGS["block"], modules_to_not_convert=keep)
+    cfg.architectures = ["Qwen3MoeForCausalLM"]
+    cfg.save_pretrained(out_dir)
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    return model, tok, fp8
+
+
 def quantize_fp8_channels(w):
     """A float weight (N, K) -> (float8_e4m3fn weight, f32 weight_scale (N, 1)), one scale per
     output channel: compressed-tensors' FP8 "channel" strategy."""

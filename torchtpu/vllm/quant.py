@@ -42,6 +42,7 @@ from vllm.model_executor.kernels.linear import NvFp4LinearKernel, NvFp4LinearLay
 from vllm.model_executor.kernels.linear.scaled_mm.pytorch import BlockWiseTorchFP8ScaledMMLinearKernel
 from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
 from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.fp8 import Fp8Config, Fp8MoEMethod
 from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4Config, GptOssMxfp4MoEMethod
 from vllm.platforms import PlatformEnum
 
@@ -183,6 +184,41 @@ class TpuGptOssMxfp4Config(GptOssMxfp4Config):
         return TpuGptOssMxfp4MoEMethod(moe)
 
 
+class TpuFp8MoEMethod(TpuMoEMixin, Fp8MoEMethod):
+    """FP8 MoE experts with 128x128 block scales (Qwen3-MoE-FP8, DeepSeek-style) on tpu: vLLM's
+    parameters and loading (``w13_weight`` / ``w2_weight`` float8_e4m3fn, ``*_weight_scale_inv``),
+    torchtpu's MoE compute on experts dequantized inside the step (W8A16; only the fp8 tensors
+    stay resident). vLLM picks no FP8 MoE backend out of tree (fused_moe/oracle/fp8.py:541-550)."""
+
+    def process_weights_after_loading(self, layer) -> None:
+        if not self.block_quant:
+            raise NotImplementedError("torchtpu's vLLM FP8 MoE: per-tensor FP8 experts are not supported yet "
+                                      "(block-scaled checkpoints, weight_block_size, are)")
+        if self.weight_scale_refine is not None or list(self.moe_block_shape) != list(self.weight_block_size):
+            raise NotImplementedError(f"torchtpu's vLLM FP8 MoE: refined block shape {self.moe_block_shape}")
+
+    def get_fused_moe_quant_config(self, layer):
+        return None
+
+    def expert_weights(self, layer, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        from torchtpu.quant.modules import dequantize_fp8_blocks
+
+        block = tuple(self.weight_block_size)
+        return (dequantize_fp8_blocks(layer.w13_weight, layer.w13_weight_scale_inv, block, dtype),
+                dequantize_fp8_blocks(layer.w2_weight, layer.w2_weight_scale_inv, block, dtype))
+
+
+class TpuFp8Config(Fp8Config):
+    """vLLM's FP8 config whose MoE layers get TpuFp8MoEMethod; linears and everything else as
+    vLLM's (registered under vLLM's name "fp8", on this platform only)."""
+
+    def get_quant_method(self, layer, prefix):
+        method = super().get_quant_method(layer, prefix)
+        if type(method) is Fp8MoEMethod:
+            return TpuFp8MoEMethod(self, layer)
+        return method
+
+
 def register() -> None:
     """Adds the kernels above to vLLM's per-platform kernel lists (PlatformEnum.OOT) and the
     MXFP4 config to vLLM's quantization methods; once per process, before the engine's config
@@ -194,4 +230,5 @@ def register() -> None:
     register_linear_kernel(TpuFP8ScaledMMKernel, PlatformEnum.OOT, "fp8")
     register_linear_kernel(TpuNvFp4Kernel, PlatformEnum.OOT, "nvfp4")
     register_quantization_config(TpuGptOssMxfp4Config.get_name())(TpuGptOssMxfp4Config)
+    register_quantization_config(TpuFp8Config.get_name())(TpuFp8Config)
     _registered = True
