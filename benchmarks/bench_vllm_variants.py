@@ -47,19 +47,13 @@ def build(d: str) -> dict:
     """Checkpoints -> {variant: (path, extra LLM kwargs)}."""
     import tiny
 
-    def save_plain(model, tok, path):  # the same weights without the quantization config
-        model.config.quantization_config = None
-        del model.config.quantization_config
-        model.save_pretrained(path)
-        tok.save_pretrained(path)
-
     model, tok, _ = tiny.make_llama_fp8(os.path.join(d, "fp8_block"), "block")
     tiny.make_llama_fp8(os.path.join(d, "fp8_channel"), "channel")
     tiny.make_llama_nvfp4(os.path.join(d, "nvfp4"))
     oss, oss_tok, _ = tiny.make_gpt_oss_mxfp4(os.path.join(d, "mxfp4"))
     plain, oss_plain = os.path.join(d, "llama_plain"), os.path.join(d, "gpt_oss_plain")
-    save_plain(model, tok, plain)
-    save_plain(oss, oss_tok, oss_plain)
+    tiny.save_dequantized(model, tok, plain)
+    tiny.save_dequantized(oss, oss_tok, oss_plain)
     return {"llama_bf16": (plain, {}), "llama_fp8_block": (os.path.join(d, "fp8_block"), {}),
             "llama_fp8_channel": (os.path.join(d, "fp8_channel"), {}),
             "llama_nvfp4": (os.path.join(d, "nvfp4"), {}),

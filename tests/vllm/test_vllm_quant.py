@@ -5,7 +5,7 @@ methods load the packed tensors; torchtpu's kernels, registered with vLLM's publ
 Reference: the same checkpoint dequantized, run by Hugging Face transformers on CPU in float32.
 vLLM runs bfloat16 and quantizes activations to fp8 as the checkpoint prescribes ("dynamic"):
 on these tiny random models that moves logits by up to ~0.45 (their spread is ~1.1; measured on
-CPU: the reference with and without tiny.fp8_activation_reference), and fp8 rounding amplifies
+CPU: the reference with and without tiny.activation_reference), and fp8 rounding amplifies
 bf16's differences, so no CPU run reproduces the tokens bit for bit. The end-to-end check is
 therefore teacher forcing: each greedy token must be a near-argmax of the reference's logits
 for its own prefix, and nearly all must be the exact argmax; a wrong scale layout or kernel
@@ -108,10 +108,7 @@ def _against_dequantized(tmp_path, d, model, tok):
     two gaps must be bfloat16 noise, < 0.05). Returns the checkpoint's and the reference's
     worker reports."""
     plain = str(tmp_path / "dequantized")
-    model.config.quantization_config = None
-    del model.config.quantization_config
-    model.save_pretrained(plain)
-    tok.save_pretrained(plain)
+    tiny.save_dequantized(model, tok, plain)
     spec = {"batches": [PROMPTS], "llm_kwargs": LLM_KWARGS, "sampling": GREEDY, "worker_report": True}
     res = run_llm(tmp_path, dict(spec, model=d))
     ref = run_llm(tmp_path, dict(spec, model=plain))

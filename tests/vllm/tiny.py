@@ -60,20 +60,62 @@ def make_llama(out_dir: str, seed: int = 0, vocab_size: int = 512):
     return model, tok
 
 
-def _save(model_cls, cfg, out_dir: str, tok, seed: int, post=None):
+def _random(model_cls, cfg, seed: int, std: float = 0.15):
+    """model_cls(cfg) in eval mode with every matrix drawn from N(0, std): larger-than-default
+    weights so greedy argmaxes are well separated (random init is ~flat)."""
     import torch
 
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()
-    # Larger-than-default weights so greedy argmaxes are well separated (random init is ~flat).
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() >= 2:
-                p.normal_(0.0, 0.15)
-        if post is not None:
+                p.normal_(0.0, std)
+    return model
+
+
+def _save(model_cls, cfg, out_dir: str, tok, seed: int, post=None):
+    import torch
+
+    model = _random(model_cls, cfg, seed)
+    if post is not None:
+        with torch.no_grad():
             post(model)
     model.save_pretrained(out_dir)
     return model, tok
+
+
+def _save_checkpoint(model, tensors: dict, out_dir: str, quantization_config: dict) -> None:
+    """Writes ``tensors`` as the checkpoint of ``model``'s config with ``quantization_config``
+    (replacing any weights already in ``out_dir``)."""
+    from safetensors.torch import save_file
+
+    for f in os.listdir(out_dir):
+        if f.endswith(".safetensors") or f.endswith(".safetensors.index.json"):
+            os.remove(os.path.join(out_dir, f))
+    model.config.quantization_config = quantization_config
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(out_dir)
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+
+
+def save_dequantized(model, tok, out_dir: str) -> None:
+    """Saves ``model`` (a maker's dequantized reference) and ``tok`` as a plain checkpoint: the
+    same weights without the quantization config."""
+    model.config.quantization_config = None
+    del model.config.quantization_config
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+
+
+def _llama128(tok, vocab_size: int, seed: int):
+    """The quantized makers' Llama: hidden 128, 4 heads of 32 (q, k, v 128 wide: whole 128x128
+    blocks), MLP 256, weights N(0, 0.1)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**{**_common(tok, vocab_size), "hidden_size": 128, "intermediate_size": 256,
+                         "num_key_value_heads": 4, "head_dim": 32}, tie_word_embeddings=False)
+    return _random(LlamaForCausalLM, cfg, seed, std=0.1)
 
 
 def _common(tok, vocab_size: int) -> dict:
@@ -238,7 +280,6 @@ def make_qwen3_moe_fp8(out_dir: str, seed: int = 0, vocab_size: int = 512, atten
     hub's names (``mlp.experts.{e}.gate_proj.weight``); routers (``modules_to_not_convert``),
     norms, embeddings and LM head float32. Returns the dequantized model (the reference), the tokenizer and the fp8 bytes."""
     import torch
-    from safetensors.torch import save_file
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     tok = make_tokenizer(out_dir, vocab_size)
@@ -246,8 +287,7 @@ def make_qwen3_moe_fp8(out_dir: str, seed: int = 0, vocab_size: int = 512, atten
                          head_dim=32, tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2,
                          moe_intermediate_size=128, decoder_sparse_step=1, norm_topk_prob=True,
                          mlp_only_layers=[])
-    torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(cfg).eval()
+    model = _random(Qwen3MoeForCausalLM, cfg, seed, std=0.1)
     tensors, fp8 = {}, 0
     inter = cfg.moe_intermediate_size
 
@@ -260,8 +300,6 @@ def make_qwen3_moe_fp8(out_dir: str, seed: int = 0, vocab_size: int = 512, atten
 
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.1)
             if name.endswith("experts.gate_up_proj"):  # [E, 2I, H]: gate rows, then up rows
                 base = name[:-len("gate_up_proj")]
                 for e in range(p.shape[0]):
@@ -280,10 +318,7 @@ def make_qwen3_moe_fp8(out_dir: str, seed: int = 0, vocab_size: int = 512, atten
     if not attention:
         keep += [f"model.layers.{i}.self_attn.{m}" for i in range(cfg.num_hidden_layers)
                  for m in ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")]
-    cfg.quantization_config = dict(FP8_CONFIGS["block"], modules_to_not_convert=keep)
-    cfg.architectures = ["Qwen3MoeForCausalLM"]
-    cfg.save_pretrained(out_dir)
-    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    _save_checkpoint(model, tensors, out_dir, dict(FP8_CONFIGS["block"], modules_to_not_convert=keep))
     return model, tok, fp8
 
 
@@ -323,19 +358,12 @@ def make_llama_fp8(out_dir: str, scheme: str = "block", seed: int = 0, vocab_siz
     tokenizer and the checkpoint's bytes as vLLM holds them (fp8 weights, f32 scales, the rest
     in bfloat16)."""
     import torch
-    from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = make_tokenizer(out_dir, vocab_size)
-    cfg = LlamaConfig(**{**_common(tok, vocab_size), "hidden_size": 128, "intermediate_size": 256,
-                         "num_key_value_heads": 4, "head_dim": 32}, tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).eval()
+    model = _llama128(tok, vocab_size, seed)
     tensors, held = {}, 0
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.1)
             if name.startswith("model.layers.") and name.endswith("proj.weight"):
                 if scheme == "block":
                     q, s, deq = quantize_fp8_blocks(p)
@@ -348,14 +376,27 @@ def make_llama_fp8(out_dir: str, scheme: str = "block", seed: int = 0, vocab_siz
             else:
                 tensors[name] = p.detach().clone().contiguous()
                 held += 2 * p.numel()
-    cfg.quantization_config = FP8_CONFIGS[scheme]
-    cfg.architectures = ["LlamaForCausalLM"]
-    cfg.save_pretrained(out_dir)
-    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    _save_checkpoint(model, tensors, out_dir, FP8_CONFIGS[scheme])
     return model, tok, held
 
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # FP4 (e2m1) magnitudes by code 0..7
+
+
+def _e2m1(v):
+    """The nearest e2m1 value of each element of ``v`` (already divided by its block's scale):
+    (codes uint8, sign in bit 3; the values as float32)."""
+    import torch
+
+    table = torch.tensor(E2M1_VALUES)
+    mag = (v.abs().unsqueeze(-1) - table).abs().argmin(-1)
+    neg = v < 0
+    return (mag | torch.where(neg, 8, 0)).to(torch.uint8), table[mag] * torch.where(neg, -1.0, 1.0)
+
+
+def _pack_pairs(codes):
+    """(..., K) e2m1 codes -> (..., K/2) uint8, element 2i in the low nibble."""
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
 
 
 def quantize_nvfp4_weight(w, g=None):
@@ -367,17 +408,13 @@ def quantize_nvfp4_weight(w, g=None):
     import torch
 
     N, K = w.shape
-    table = torch.tensor(E2M1_VALUES)
     g = torch.as_tensor(448.0 * 6.0 / w.float().abs().amax() if g is None else g, dtype=torch.float32)
     blocks = w.float().reshape(N, K // 16, 16)
     s = (blocks.abs().amax(-1) / 6.0 * g).clamp(max=448.0).to(torch.float8_e4m3fn)
     step = (s.float() / g).unsqueeze(-1)
     scaled = torch.where(step > 0, blocks / step.clamp(min=1e-30), torch.zeros_like(blocks))
-    code = (scaled.abs().unsqueeze(-1) - table).abs().argmin(-1)  # nearest magnitude
-    deq = (table[code] * torch.where(scaled < 0, -1.0, 1.0) * step).reshape(N, K)
-    code = (code | torch.where(scaled < 0, 8, 0)).reshape(N, K).to(torch.uint8)
-    packed = code[:, 0::2] | (code[:, 1::2] << 4)
-    return packed, s, g.reshape(1), deq
+    code, value = _e2m1(scaled)
+    return _pack_pairs(code.reshape(N, K)), s, g.reshape(1), (value * step).reshape(N, K)
 
 
 def quantize_mxfp4(w):
@@ -387,17 +424,13 @@ def quantize_mxfp4(w):
     Written out here, independent of torchtpu.quant."""
     import torch
 
-    table = torch.tensor(E2M1_VALUES)
     b = w.float().reshape(*w.shape[:-1], w.shape[-1] // 32, 32)
     amax = b.abs().amax(-1, keepdim=True)
     e = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp(min=2.0 ** -126))) - 2, torch.full_like(amax, -127))
     e = e.clamp(-127, 127)
     v = (b / torch.exp2(e)).clamp(-6, 6)
-    code = (v.abs().unsqueeze(-1) - table).abs().argmin(-1)
-    deq = (table[code] * torch.where(v < 0, -1.0, 1.0) * torch.exp2(e)).reshape(w.shape)
-    code = (code | torch.where(v < 0, 8, 0)).to(torch.uint8)
-    blocks = code[..., 0::2] | (code[..., 1::2] << 4)
-    return blocks, (e.squeeze(-1) + 127).to(torch.uint8), deq
+    code, value = _e2m1(v)
+    return _pack_pairs(code), (e.squeeze(-1) + 127).to(torch.uint8), (value * torch.exp2(e)).reshape(w.shape)
 
 
 def make_gpt_oss_mxfp4(out_dir: str, seed: int = 0, vocab_size: int = 512):
@@ -407,7 +440,6 @@ def make_gpt_oss_mxfp4(out_dir: str, seed: int = 0, vocab_size: int = 512):
     float32 and unquantized. Returns the model with the expert weights dequantized (the
     reference), the tokenizer and the packed expert bytes."""
     import torch
-    from safetensors.torch import save_file
 
     model, tok = make_gpt_oss(out_dir, seed, vocab_size)
     tensors, packed = {}, 0
@@ -423,15 +455,10 @@ def make_gpt_oss_mxfp4(out_dir: str, seed: int = 0, vocab_size: int = 512):
                 tensors[name] = p.detach().to(torch.bfloat16).contiguous()
             else:
                 tensors[name] = p.detach().clone().contiguous()
-    model.config.quantization_config = {
+    _save_checkpoint(model, tensors, out_dir, {
         "quant_method": "mxfp4",
         "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
-                                   "model.embed_tokens", "lm_head"]}
-    model.config.save_pretrained(out_dir)
-    for f in os.listdir(out_dir):
-        if f.endswith(".safetensors") or f.endswith(".safetensors.index.json"):
-            os.remove(os.path.join(out_dir, f))
-    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+                                   "model.embed_tokens", "lm_head"]})
     return model, tok, packed
 
 
@@ -453,21 +480,13 @@ def make_llama_nvfp4(out_dir: str, seed: int = 0, vocab_size: int = 512):
     dequantized model, the tokenizer, the checkpoint's bytes as vLLM holds them and the input
     global scales by module (for activation_reference)."""
     import torch
-    from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = make_tokenizer(out_dir, vocab_size)
-    cfg = LlamaConfig(**{**_common(tok, vocab_size), "hidden_size": 128, "intermediate_size": 256,
-                         "num_key_value_heads": 4, "head_dim": 32}, tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).eval()
+    model = _llama128(tok, vocab_size, seed)
     quantized = [n for n, m in model.named_modules()
                  if n.startswith("model.layers.") and n.endswith("proj") and isinstance(m, torch.nn.Linear)]
     amax = dict.fromkeys(quantized, 0.0)
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.1)
         hooks = [model.get_submodule(n).register_forward_pre_hook(
             lambda mod, args, n=n: amax.__setitem__(n, max(amax[n], args[0].abs().max().item())))
             for n in quantized]
@@ -500,10 +519,7 @@ def make_llama_nvfp4(out_dir: str, seed: int = 0, vocab_size: int = 512):
             else:
                 tensors[name] = p.detach().clone().contiguous()
                 held += 2 * p.numel()
-    cfg.quantization_config = NVFP4_CONFIG
-    cfg.architectures = ["LlamaForCausalLM"]
-    cfg.save_pretrained(out_dir)
-    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    _save_checkpoint(model, tensors, out_dir, NVFP4_CONFIG)
     return model, tok, held, input_scales
 
 
@@ -515,8 +531,6 @@ def activation_reference(model, scheme: str, input_scales: dict | None = None):
     under the module's input global scale (``input_scales[name]``, a multiplier)."""
     import torch
 
-    table = torch.tensor(E2M1_VALUES)
-
     def fp8(x):
         g = x.float().reshape(*x.shape[:-1], -1, 128) if scheme == "block" else x.float().unsqueeze(-2)
         s = (g.abs().amax(-1, keepdim=True) / 448.0).clamp(min=1e-12)
@@ -527,8 +541,7 @@ def activation_reference(model, scheme: str, input_scales: dict | None = None):
         s = (b.abs().amax(-1, keepdim=True) / 6.0 * gs).clamp(max=448.0).to(torch.float8_e4m3fn).float()
         step = s / gs
         v = torch.where(step > 0, b / step.clamp(min=1e-30), torch.zeros_like(b)).clamp(-6, 6)
-        q = table[(v.abs().unsqueeze(-1) - table).abs().argmin(-1)] * torch.sign(v)
-        return (q * step).reshape(x.shape).to(x.dtype)
+        return (_e2m1(v)[1] * step).reshape(x.shape).to(x.dtype)
 
     for name, m in model.named_modules():
         if name.startswith("model.layers.") and name.endswith("proj") and isinstance(m, torch.nn.Linear):

@@ -221,7 +221,7 @@ class TpuFp8Config(Fp8Config):
 
 def register() -> None:
     """Adds the kernels above to vLLM's per-platform kernel lists (PlatformEnum.OOT) and the
-    MXFP4 config to vLLM's quantization methods; once per process, before the engine's config
+    gpt-oss MXFP4 and FP8 configs to vLLM's quantization methods; once per process, before the engine's config
     is built (vLLM's general plugin hook, torchtpu.vllm:register_extensions)."""
     global _registered
     if _registered:
