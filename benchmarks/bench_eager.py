@@ -12,6 +12,13 @@ Reports:
   * compile time per op program (first call of a new op/shape),
   * GPT demo training step time on tpu vs CPU, split into host time (the
     step's Python call returns) and wait (reading the loss).
+
+    python benchmarks/bench_eager.py --bounds-ab [--rounds 5]
+
+  * the cost of strict / defer_and_fuse's asynchronous index-bounds checks on
+    the GPT step (loss read every step): each round runs the step in two fresh
+    processes, checks on and off (TORCHTPU_BOUNDS_CHECKS=0), in turns, and
+    reports the median ratio and its spread over rounds.
 """
 from __future__ import annotations
 
@@ -150,11 +157,59 @@ def gpt_step(steps: int, batch: int = 8) -> dict:
     return out
 
 
+def _gpt_step_ms(steps: int, batch: int = 8) -> float:
+    """Median GPT training step (loss read every step) in the current mode, on tpu."""
+    cfg = GPTConfig()
+    corpus = synthetic_corpus(20000, cfg.vocab_size)
+    model = make_model(cfg).to("tpu")
+    step = make_train_step(model, torch.optim.AdamW(model.parameters(), lr=3e-3))
+    times = []
+    for x, y in batches(corpus, batch, cfg.block_size, steps):
+        x, y = x.to("tpu"), y.to("tpu")
+        t0 = time.perf_counter()
+        step(x, y).item()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[steps // 3:]) * 1000
+
+
+def bounds_ab(rounds: int, steps: int) -> dict:
+    import os
+    import subprocess
+    import sys
+
+    out: dict = {}
+    for mode in ("strict", "defer_and_fuse"):
+        ratios, on_ms, off_ms = [], [], []
+        for _ in range(rounds):
+            ms = {}
+            for checks in ("1", "0"):
+                env = dict(os.environ, TORCHTPU_BOUNDS_CHECKS=checks, TORCHTPU_MODE=mode)
+                r = subprocess.run([sys.executable, __file__, "--gpt-only", "--steps", str(steps)], env=env,
+                                   capture_output=True, text=True, check=True)
+                ms[checks] = float(r.stdout.strip().splitlines()[-1])
+            on_ms.append(ms["1"])
+            off_ms.append(ms["0"])
+            ratios.append(ms["1"] / ms["0"])
+        out[mode] = {"checks_on_ms": on_ms, "checks_off_ms": off_ms,
+                     "on_over_off_median": round(statistics.median(ratios), 4),
+                     "on_over_off_min": round(min(ratios), 4), "on_over_off_max": round(max(ratios), 4)}
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--json")
+    ap.add_argument("--bounds-ab", action="store_true", help="cost of the asynchronous bounds checks")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--gpt-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.gpt_only:
+        print(_gpt_step_ms(args.steps))
+        return
+    if args.bounds_ab:
+        report({"threads": thread_settings(), "bounds_checks": bounds_ab(args.rounds, args.steps)}, args.json)
+        return
     torch.set_num_threads(max(1, torch.get_num_threads()))
     res = {"threads": thread_settings(), "op_overhead": op_overhead(), "defer_record": defer_record(), "fused_adamw": fused_adamw(),
            "compile_time": compile_time(), "gpt_step": gpt_step(args.steps)}

@@ -209,8 +209,52 @@ def test_debug_bounds_errors_match_cpu(case):
     assert got == want
 
 
-def test_debug_bounds_valid_indices_and_ignore_index():
-    with torchtpu.mode("debug"):
+BOUNDS["take"] = lambda d: torch.take(torch.randn(3, 4, device=d), _T([0, 12], device=d))
+BOUNDS["take_neg"] = lambda d: torch.take(torch.randn(3, 4, device=d), _T([-13], device=d))
+BOUNDS["nll_loss_2d"] = lambda d: F.nll_loss(torch.randn(2, 4, 3, 3, device=d), torch.full((2, 3, 3), 4, device=d))
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("case", sorted(BOUNDS))
+def test_async_bounds_errors_at_sync(mode, case, metrics):
+    """Strict and defer_and_fuse raise CPU's error at the next synchronization
+    (as CUDA reports a device-side assert), naming the op; never a clamped value."""
+    want_type, want_msg = _err(BOUNDS[case], "cpu")
+    with torchtpu.mode(mode):
+        torch.tpu.synchronize()
+        torchtpu.reset_metrics()
+        out = BOUNDS[case](D)  # asynchronous: no error yet, no host sync
+        assert torchtpu.metrics()["cpu_fallbacks"] == {}
+        with pytest.raises(want_type) as ei:
+            torch.tpu.synchronize()
+        msg = str(ei.value).split("\n")[0]
+        # CPU's message, bad value included where there is one (one offending value per case)
+        assert msg.startswith(want_msg), (msg, want_msg)
+        assert "raised at this synchronization point for aten::" in msg
+        # reported once, like CUDA's error at the sync that finds it
+        torch.tpu.synchronize()
+        del out
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_async_bounds_error_at_host_read(mode):
+    with torchtpu.mode(mode):
+        x = torch.arange(3.0, device=D)
+        i = _T([1, 5], device=D)
+        with pytest.raises(IndexError, match=r"index 5 is out of bounds for dimension 0 with size 3.*aten::index"):
+            x[i].cpu()
+        with pytest.raises(IndexError, match="out of range in self.*aten::index_select"):
+            torch.index_select(x, 0, i).sum().item()
+        # the same op with valid indices afterwards (strict: a replayed op plan) is fine
+        for _ in range(3):
+            assert x[_T([2, -1], device=D)].tolist() == [2.0, 2.0]
+        with pytest.raises(IndexError, match="index -4 is out of bounds"):
+            x[_T([-4], device=D)].tolist()
+
+
+@pytest.mark.parametrize("mode", ["debug", "strict", "defer_and_fuse"])
+def test_bounds_valid_indices_and_ignore_index(mode):
+    with torchtpu.mode(mode):
         x = torch.randn(3, 4, device=D)
         assert x[_T([-3, 2], device=D)].shape == (2, 4)
         loss = F.cross_entropy(x, _T([0, 9, 1], device=D), ignore_index=9)
@@ -218,13 +262,23 @@ def test_debug_bounds_valid_indices_and_ignore_index():
         torch.testing.assert_close(loss.cpu(), ref)
         torch.testing.assert_close(torch.gather(x, 1, _T([[3, 0]], device=D)).cpu(),
                                    torch.gather(x.cpu(), 1, torch.tensor([[3, 0]])))
+        torch.tpu.synchronize()
 
 
-@pytest.mark.parametrize("case", ["index_select", "gather", "advanced_index", "nll_loss"])
-def test_strict_mode_does_not_bounds_check(case):
-    with torchtpu.mode("strict"):
-        out = BOUNDS[case](D)  # XLA clamps: no error, no host sync
-        out.cpu()
+def test_async_bounds_error_in_training_step():
+    """An out-of-range token id in an embedding inside a training loop that reads
+    the loss only at the end: the read raises, naming embedding's program."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 4).to(D)
+    opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+    for step in range(4):
+        ids = _T([[1, 2, 3]], device=D) if step != 2 else _T([[1, 12, 3]], device=D)
+        loss = emb(ids).pow(2).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    with pytest.raises(IndexError, match="index out of range in self.*aten::(embedding|index_select)"):
+        loss.item()
 
 
 def test_debug_runs_each_op_synchronously(metrics):

@@ -94,6 +94,9 @@ class Buffer {
   // References held by queued launches (not by the program's own values):
   // the executor's donation checks discount them.
   std::atomic<int> queued_refs{0};
+  // The sequence number of the launch that produced this buffer (stamped by
+  // the executor; 0: an upload or a host-resident buffer).
+  int64_t seq = 0;
   static int64_t live_buffers();
   static int64_t live_bytes();
   // Total time threads waited for pending buffers.

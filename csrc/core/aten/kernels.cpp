@@ -840,6 +840,10 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
       for (auto& t : outs) numel = std::max<int64_t>(numel, t.numel());
       c.rng_key = [&r, gen, numel] { return r.RngKey(gen, numel); };
     }
+    // strict / defer_and_fuse: the index arguments' bounds, from their values
+    // before the op writes (checked at the next synchronization, as CUDA does)
+    std::shared_ptr<PendingCheckValue> bounds;
+    if (!debug) bounds = RecordBoundsCheck(r, schema, args);
     std::vector<Value> vals = lw->fn(c);
     if (!schema.returns().empty() && vals.size() == n_returned && n_returned < outs.size())
       outs.resize(n_returned);
@@ -852,6 +856,7 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
       Value v = ops::Cast(r.b(), vals[i], ToET(outs[i].scalar_type()));
       r.Write(outs[i], v);
     }
+    AttachBoundsCheck(r, bounds);
   } catch (const ops::LowerError& e) {
     r.Recover(writing);
     TORCH_CHECK(false, e.what());

@@ -11,6 +11,7 @@
 
 #include "runtime/runtime.h"
 #include "core/device/storage.h"
+#include "core/exec/debug.h"
 
 namespace tt {
 
@@ -40,6 +41,8 @@ struct OpPlan {
   std::vector<Target> targets;
   // Arguments whose value the program depends on: (schema index, value key).
   std::vector<std::pair<int, std::string>> checks;
+  // The op's index-bounds checks: results after the targets (core/exec/debug.h).
+  std::vector<std::shared_ptr<const BoundsCheck>> bounds;
 };
 
 std::unordered_map<std::string, std::vector<std::shared_ptr<OpPlan>>> g_plans;
@@ -109,6 +112,7 @@ void PlanRecorder::Finish(const std::string& key, const std::shared_ptr<MetaResu
   auto plan = std::make_shared<OpPlan>();
   plan->mr = mr;
   plan->exe = rec.exe;
+  plan->bounds = rec.checks;
   std::unordered_map<int, int> scalar_of_arg;  // program argument -> plan->scalars index
   for (size_t j = 0; j < rec.args.size(); ++j) {
     const Region::Record::Arg& a = rec.args[j];
@@ -218,14 +222,17 @@ bool ReplayPlan(const std::string& key, const c10::FunctionSchema& schema, const
     out_nbytes.reserve(p->targets.size());
     for (const OpPlan::Target& t : p->targets)
       out_nbytes.push_back(t.numel * (int64_t)pjrt::ElementSize(ToPjrt(t.et)));
+    for (const auto& b : p->bounds) out_nbytes.push_back(BoundsCheckBytes(*b));
     results = Region::Launch(p->exe, bufs, false, out_nbytes);
   } catch (const pjrt::Error& e) {
     TORCH_CHECK(false, "torchtpu: ", name, " failed on the device: ", e.what());
   }
   bufs.clear();
-  TORCH_CHECK(results.size() == p->targets.size(), "torchtpu: ", name, ": program returned ", results.size(),
-              " results, expected ", p->targets.size());
-  for (size_t i = 0; i < results.size(); ++i) {
+  TORCH_CHECK(results.size() == p->targets.size() + p->bounds.size(), "torchtpu: ", name,
+              ": program returned ", results.size(), " results, expected ", p->targets.size() + p->bounds.size());
+  for (size_t k = 0; k < p->bounds.size(); ++k)
+    AddPendingCheck(std::move(results[p->targets.size() + k]), p->bounds[k]);
+  for (size_t i = 0; i < p->targets.size(); ++i) {
     const OpPlan::Target& t = p->targets[i];
     const at::Tensor& owner = t.input >= 0 ? flat_inputs[t.input] : outs[t.out];
     StatePtr st = GetState(owner.storage().unsafeGetStorageImpl());

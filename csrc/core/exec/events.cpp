@@ -1,5 +1,7 @@
 #include "events.h"
 
+#include "debug.h"
+
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -137,12 +139,14 @@ void SynchronizeStream(const c10::Stream& s) {
       if (c->stream == s.id()) w.push_back(c);
   }
   for (auto& c : w) Wait(c);
+  RaisePendingChecks(kAllChecks);
 }
 
 void SynchronizeEvent(void* event) {
   auto* e = static_cast<TpuEvent*>(event);
   if (!e) return;
   for (auto& c : e->waits) Wait(c);
+  RaisePendingChecks(0);
 }
 
 void SynchronizeDevice() {
@@ -153,6 +157,7 @@ void SynchronizeDevice() {
     w.assign(g_inflight.begin(), g_inflight.end());
   }
   for (auto& c : w) Wait(c);
+  RaisePendingChecks(kAllChecks);
 }
 
 double ElapsedTime(void* a, void* b) {

@@ -15,6 +15,7 @@
 #include <thread>
 #include <cstring>
 
+#include "debug.h"
 #include "events.h"
 #include "core/device/generator.h"
 #include "runtime/runtime.h"
@@ -198,6 +199,8 @@ void Region::Reset() {
   op_scalars_.clear();
   slots_.clear();
   extra_.clear();
+  check_vals_.clear();
+  check_what_.clear();
   ops_ = 0;
   cut_pending_ = nullptr;
   epoch_ = g_epoch.fetch_add(1);
@@ -414,6 +417,11 @@ int Region::AddResult(Value v) {
   return (int)extra_.size() - 1;
 }
 
+void Region::AddCheck(Value v, std::shared_ptr<const BoundsCheck> what) {
+  check_vals_.push_back(v);
+  check_what_.push_back(std::move(what));
+}
+
 DeferStats& GetDeferStats() {
   static DeferStats s;
   return s;
@@ -567,6 +575,9 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
   }
   size_t n_storage = results.size();
   for (auto& v : extra_) results.push_back(v);
+  const size_t n_extra = extra_.size();
+  for (auto& v : check_vals_) results.push_back(v);
+  std::vector<std::shared_ptr<const BoundsCheck>> checks = std::move(check_what_);
   std::vector<pjrt::BufferPtr> extra_out;
   if (results.empty()) {
     Reset();
@@ -594,7 +605,8 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
     for (size_t i = 0; i < targets.size(); ++i)
       rec->targets.push_back({targets[i].get(), results[i].et(), results[i].dims()[0]});
     rec->donated = donated;
-    rec->num_extra = results.size() - n_storage;
+    rec->num_extra = n_extra;
+    rec->checks = checks;
   }
   std::vector<int64_t> out_nbytes;
   out_nbytes.reserve(results.size());
@@ -612,7 +624,8 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
     st->et = results[i].et();
     st->numel = results[i].dims()[0];
   }
-  for (size_t i = n_storage; i < outs.size(); ++i) extra_out.push_back(outs[i]);
+  for (size_t i = n_storage; i < n_storage + n_extra; ++i) extra_out.push_back(outs[i]);
+  for (size_t i = 0; i < checks.size(); ++i) AddPendingCheck(outs[n_storage + n_extra + i], std::move(checks[i]));
   return extra_out;
 }
 
@@ -760,9 +773,12 @@ void DrainLaunches() {
   if (LaunchQueue* q = LaunchQueue::created.load()) q->Drain();
 }
 
+std::atomic<int64_t> g_launch_seq{0};
+
 std::vector<pjrt::BufferPtr> Region::Launch(const Runtime::ExeFuture& exe_f,
                                             const std::vector<pjrt::BufferPtr>& args, bool wait,
                                             const std::vector<int64_t>& out_nbytes) {
+  const int64_t seq = ++g_launch_seq;
   LaunchQueue& q = LaunchQueue::Get();
   bool ready = exe_f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
   if (!wait && AsyncLaunches() && (!ready || q.busy())) {
@@ -778,6 +794,7 @@ std::vector<pjrt::BufferPtr> Region::Launch(const Runtime::ExeFuture& exe_f,
     const pjrt::Api* api = Runtime::Get().client().api();
     for (int64_t n : out_nbytes) {
       outs.push_back(std::make_shared<pjrt::Buffer>(api, n, pjrt::Buffer::Pending{}));
+      outs.back()->seq = seq;
       t.outs.push_back(outs.back());
     }
     q.Push(std::move(t));
@@ -793,7 +810,9 @@ std::vector<pjrt::BufferPtr> Region::Launch(const Runtime::ExeFuture& exe_f,
     GetMetrics().queue_wait_ns += NowNs() - t0;
   }
   GetMetrics().executions++;
-  return ExecuteNow(*exe, args, wait, CurrentStreamId());
+  std::vector<pjrt::BufferPtr> outs = ExecuteNow(*exe, args, wait, CurrentStreamId());
+  for (auto& o : outs) o->seq = seq;
+  return outs;
 }
 
 void AppendStorageKey(std::string& key, const at::Tensor& t, const StatePtr& st, const StatePtr* earlier,
@@ -891,9 +910,23 @@ bool& InHostTier() {
   return in;
 }
 
+namespace {
+int64_t ReadToHostImpl(const at::Tensor& src, void* dst);
+}  // namespace
+
+// A host read is a synchronization point: the bounds checks of the programs
+// up to the one that produced the value read (and any finished since) report
+// their op's error (RaisePendingChecks). Later programs (a step's parts still
+// running while its loss is read) are checked at the next sync.
 void ReadToHost(const at::Tensor& src, void* dst) {
+  RaisePendingChecks(ReadToHostImpl(src, dst));
+}
+
+namespace {
+// Returns the launch sequence number of the buffer read (see pjrt::Buffer::seq).
+int64_t ReadToHostImpl(const at::Tensor& src, void* dst) {
   int64_t nbytes = src.numel() * src.element_size();
-  if (nbytes == 0) return;
+  if (nbytes == 0) return 0;
   std::lock_guard<std::recursive_mutex> g(Region::Lock());
   Region& r = Region::Current();
   StatePtr st = GetState(src.storage().unsafeGetStorageImpl());
@@ -928,7 +961,7 @@ void ReadToHost(const at::Tensor& src, void* dst) {
     };
     if (const char* p = HostBytes(*st, lo, hi)) {
       from(p, lo, hi - lo);
-      return;
+      return st->buf->seq;
     }
     if (!whole && st->nbytes > kMirrorBytes && hi - lo <= kMirrorBytes && RawReadsLinear()) {
       // whole 4 KB pages around the view: the neighbouring views and elements
@@ -940,7 +973,7 @@ void ReadToHost(const at::Tensor& src, void* dst) {
         GetMetrics().d2h_bytes += phi - plo;
         from(bytes->data(), plo, phi - plo);
         AddHostRange(*st, plo, std::move(bytes));
-        return;
+        return st->buf->seq;
       }
     }
     if (!whole && st->nbytes <= kHostViewBytes) {  // the whole storage (a host copy if small)
@@ -949,7 +982,7 @@ void ReadToHost(const at::Tensor& src, void* dst) {
       st->buf->ToHost(host.data_ptr(), st->nbytes);
       SetHostMirror(*st, host.data_ptr(), st->nbytes);
       from(static_cast<const char*>(host.data_ptr()), 0, st->nbytes);
-      return;
+      return st->buf->seq;
     }
   }
   if (r.empty() && st->buf && st->et == et && src.storage_offset() == 0 && src.is_contiguous() &&
@@ -965,6 +998,8 @@ void ReadToHost(const at::Tensor& src, void* dst) {
   GetMetrics().d2h_bytes += nbytes;
   buf->ToHost(dst, nbytes);
   if (buf == st->buf) SetHostMirror(*st, dst, nbytes);
+  return buf->seq;
 }
+}  // namespace
 
 }  // namespace tt

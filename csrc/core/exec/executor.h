@@ -20,6 +20,9 @@
 
 namespace tt {
 
+// What an op's asynchronous index-bounds check result means (debug.h).
+struct BoundsCheck;
+
 enum class Mode { Strict = 0, Debug = 1, DeferAndFuse = 2 };
 Mode GetMode();
 void SetMode(Mode m);          // flushes pending work
@@ -99,6 +102,10 @@ class Region {
   hlo::Value RngKey(const c10::optional<at::Generator>& gen, int64_t numel);
   // Extra program results that are not storages (host reads of views).
   int AddResult(hlo::Value v);
+  // An op's index-bounds check result (an S64 vector of min/max pairs): not
+  // returned by Flush, but handed to the pending checks read at the next
+  // synchronization (debug.h, RaisePendingChecks).
+  void AddCheck(hlo::Value v, std::shared_ptr<const BoundsCheck> what);
 
   // Compiles and runs what was recorded. Returns the extra results.
   std::vector<pjrt::BufferPtr> Flush(bool wait = false, const char* reason = "explicit");
@@ -118,7 +125,7 @@ class Region {
       if (!empty()) Flush(false, reason);
     }
   }
-  bool empty() const { return ops_ == 0 && extra_.empty(); }
+  bool empty() const { return ops_ == 0 && extra_.empty() && check_vals_.empty(); }
   // Nothing recorded at all, not even an argument (op plans start only then).
   bool pristine() const { return empty() && args_.empty() && slots_.empty(); }
   uint64_t epoch() const { return epoch_; }
@@ -150,6 +157,8 @@ class Region {
     std::vector<Target> targets;  // storage results, in result order
     std::vector<int> donated;     // argument indices donated to results
     size_t num_extra = 0;
+    // bounds-check results, after the extra results (see AddCheck)
+    std::vector<std::shared_ptr<const BoundsCheck>> checks;
   };
   // The next Flush fills *rec (nullptr: stop recording).
   void RecordNextFlush(Record* rec) { rec_ = rec; }
@@ -206,6 +215,8 @@ class Region {
   std::unordered_map<std::string, hlo::Value> op_scalars_;
   std::vector<Slot> slots_;
   std::vector<hlo::Value> extra_;
+  std::vector<hlo::Value> check_vals_;
+  std::vector<std::shared_ptr<const BoundsCheck>> check_what_;
   uint64_t epoch_ = 0;
   int ops_ = 0;
   // defer_and_fuse loop detection (see AfterOp)

@@ -241,7 +241,7 @@ std::string SignatureKey(const Graph& g, const std::vector<py::object>& inputs, 
 // output positions; null if some argument or result has another origin.
 std::shared_ptr<Plan> MakePlan(std::string key, const Region::Record& rec, const std::vector<StatePtr>& states,
                                const std::vector<py::object>& inputs, const std::vector<at::Tensor>& results) {
-  if (!rec.exe.valid() || rec.num_extra) return nullptr;
+  if (!rec.exe.valid() || rec.num_extra || !rec.checks.empty()) return nullptr;
   auto plan = std::make_shared<Plan>();
   plan->key = std::move(key);
   plan->exe = rec.exe;
