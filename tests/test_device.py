@@ -527,3 +527,66 @@ def test_rng_state_is_philox_seed_offset_for_dtensor():
     st.offset = torch.tensor([0], dtype=torch.int64)
     torch.tpu.set_rng_state(st.state)
     assert torch.equal(torch.rand(8, device=DEV).cpu(), a.cpu())
+
+
+def test_stream_context_is_reusable_like_cuda():
+    """torch.cuda.StreamContext is a class: libraries (SGLang's scheduler) build one
+    context and enter it many times, also nested; None is a no-op."""
+    s = torch.tpu.Stream()
+    ctx = torch.tpu.stream(s)
+    assert isinstance(ctx, torch.tpu.StreamContext)
+    default = torch.tpu.current_stream()
+    for _ in range(3):
+        with ctx as entered:
+            assert entered == s and torch.tpu.current_stream() == s
+            with ctx:
+                assert torch.tpu.current_stream() == s
+            assert torch.tpu.current_stream() == s
+        assert torch.tpu.current_stream() == default
+    with torch.tpu.StreamContext(None) as none:
+        assert none is None and torch.tpu.current_stream() == default
+    assert torch.tpu.is_current_stream_capturing() is False
+
+
+def test_per_process_memory_fraction_caps_allocations():
+    from torchtpu import _C
+
+    old = _C._memory_stats()["process_cap_bytes"]
+    total = torch.tpu.mem_get_info()[1]
+    try:
+        torch.tpu.set_per_process_memory_fraction(0.5)
+        assert abs(torch.tpu.get_per_process_memory_fraction() - 0.5) < 1e-6
+        x = torch.ones(1024, device="tpu")  # small allocations still work
+        with pytest.raises(torch.tpu.OutOfMemoryError):
+            torch.empty(int(total * 0.6) // 4, dtype=torch.float32, device="tpu")
+        assert torch.tpu.OutOfMemoryError is torch.OutOfMemoryError
+        with pytest.raises(ValueError, match="fraction"):
+            torch.tpu.set_per_process_memory_fraction(1.5)
+        assert x.sum().item() == 1024
+        assert torch.tpu.mem_get_info()[1] == total  # the device's size stays, as on CUDA
+        torch.tpu.set_per_process_memory_fraction(1.0)
+        assert torch.tpu.get_per_process_memory_fraction() == 1.0
+    finally:
+        _C._set_process_memory_cap(old)
+
+
+def test_cuda_module_api_names_libraries_call():
+    """The torch.cuda module-level names vLLM, SGLang, accelerate and torchtitan call
+    (docs/design.md lists them), with CUDA's meanings where tpu has one."""
+    x = torch.ones(256, device="tpu")
+    assert torch.tpu.memory_usage() >= x.numel() * 4
+    assert torch.tpu.device_memory_used() >= 0
+    assert torch.tpu.memory_cached() == torch.tpu.memory_reserved()
+    assert torch.tpu.max_memory_cached() == torch.tpu.max_memory_reserved()
+    torch.tpu.reset_max_memory_cached()
+    nested = torch.tpu.memory_stats_as_nested_dict()
+    flat = torch.tpu.memory_stats()
+    assert nested["allocated_bytes"]["all"]["current"] == flat["allocated_bytes.all.current"]
+    torch.tpu.ipc_collect()
+    assert torch.tpu.can_device_access_peer(0, 0) is False
+    assert torch.tpu.get_arch_list() == [] and torch.tpu.is_tf32_supported() is False
+    torch.tpu.set_sync_debug_mode("warn")
+    assert torch.tpu.get_sync_debug_mode() == 1
+    torch.tpu.set_sync_debug_mode(0)
+    with pytest.raises(RuntimeError, match="debug_mode"):
+        torch.tpu.set_sync_debug_mode("loud")

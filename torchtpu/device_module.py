@@ -346,17 +346,142 @@ def set_stream(stream) -> None:
     torch.accelerator.set_stream(stream)
 
 
-@contextlib.contextmanager
-def stream(s):
-    if s is None:
-        yield
-        return
-    prev = current_stream()
-    set_stream(s)
-    try:
-        yield
-    finally:
-        set_stream(prev)
+class StreamContext:
+    """Context manager that selects a stream (``torch.cuda.StreamContext``'s contract).
+
+    Reusable and re-entrant like CUDA's: a library may build one context and
+    enter it many times (SGLang's scheduler does). ``None`` makes it a no-op.
+    """
+
+    def __init__(self, stream):
+        self.stream = stream
+        self._prev: list = []
+
+    def __enter__(self):
+        if self.stream is None:
+            return None
+        self._prev.append(current_stream())
+        set_stream(self.stream)
+        return self.stream
+
+    def __exit__(self, *exc):
+        if self.stream is None:
+            return None
+        set_stream(self._prev.pop())
+        return None
+
+
+def stream(s) -> StreamContext:
+    """``with torch.tpu.stream(s):`` -- a ``StreamContext`` (reusable), as ``torch.cuda.stream``."""
+    return StreamContext(s)
+
+
+def is_current_stream_capturing() -> bool:
+    """No stream captures a graph on tpu (programs are compiled, not captured): always False."""
+    return False
+
+
+def get_per_process_memory_fraction(device=None) -> float:
+    """The fraction of the device's memory this process may allocate (1.0: no cap)."""
+    _check_index(device)
+    cap = _C()._memory_stats()["process_cap_bytes"]
+    total = mem_get_info(device)[1]
+    if cap <= 0 or not total:
+        return 1.0
+    return min(1.0, cap / total)
+
+
+def set_per_process_memory_fraction(fraction: float, device=None) -> None:
+    """Caps this process's allocations at ``fraction`` of the device's memory, as on CUDA:
+    an allocation past the cap raises ``torch.OutOfMemoryError``; ``mem_get_info`` still
+    reports the device's size (TORCHTPU_MEMORY_LIMIT, else the device's capacity)."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+        raise ValueError(f"torch.tpu.set_per_process_memory_fraction: invalid fraction {fraction!r}, "
+                         "expected a number in [0, 1]")
+    _check_index(device)
+    total = mem_get_info(device)[1]
+    # a fraction of 1 is the whole device: no cap (0 bytes would read as none)
+    _C()._set_process_memory_cap(0 if fraction >= 1 else max(1, int(total * fraction)))
+
+
+def memory_usage(device=None) -> int:
+    """Bytes of device memory in use by this process (``torch.cuda.memory_usage`` reports a
+    percentage from NVML; PJRT has no utilisation counter, so this is the allocated bytes)."""
+    return memory_allocated(device)
+
+
+def device_memory_used(device=None) -> int:
+    """Bytes of device memory in use (from PJRT's memory statistics)."""
+    free, total = mem_get_info(device)
+    return total - free
+
+
+def memory_cached(device=None) -> int:
+    """Deprecated CUDA alias of ``memory_reserved``."""
+    return memory_reserved(device)
+
+
+def max_memory_cached(device=None) -> int:
+    """Deprecated CUDA alias of ``max_memory_reserved``."""
+    return max_memory_reserved(device)
+
+
+def reset_max_memory_cached(device=None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def memory_stats_as_nested_dict(device=None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in memory_stats(device).items():
+        d = out
+        parts = k.split(".")
+        for p in parts[:-1]:
+            d = d.setdefault(p, {})
+        d[parts[-1]] = v
+    return out
+
+
+def ipc_collect() -> None:
+    """No inter-process memory handles exist on tpu: nothing to collect."""
+
+
+def can_device_access_peer(device, peer_device) -> bool:
+    """One process drives one device; peers exchange data through torch.distributed."""
+    _check_index(device)
+    _check_index(peer_device)
+    return False
+
+
+def get_arch_list() -> list[str]:
+    """CUDA's compiled architectures; torchtpu compiles per program for the plugin's device."""
+    return []
+
+
+def is_tf32_supported() -> bool:
+    """TF32 is an NVIDIA format; tpu float32 matmuls follow ``torch.get_float32_matmul_precision()``."""
+    return False
+
+
+_sync_debug_mode = 0
+
+
+def set_sync_debug_mode(debug_mode) -> None:
+    """Accepted for API parity ("default"/0, "warn"/1, "error"/2); torchtpu does not yet warn on
+    synchronizing operations, so only the setting is kept."""
+    global _sync_debug_mode
+    names = {"default": 0, "warn": 1, "error": 2}
+    if isinstance(debug_mode, str):
+        if debug_mode not in names:
+            raise RuntimeError('invalid value of debug_mode, expected one of `default`, `warn`, `error`')
+        debug_mode = names[debug_mode]
+    _sync_debug_mode = int(debug_mode)
+
+
+def get_sync_debug_mode() -> int:
+    return _sync_debug_mode
+
+
+OutOfMemoryError = torch.OutOfMemoryError
 
 
 # ---------------------------------------------------------------- amp
@@ -374,5 +499,9 @@ __all__ = [
     "memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
     "reset_peak_memory_stats", "reset_max_memory_allocated", "reset_accumulated_memory_stats",
     "mem_get_info", "empty_cache", "memory_summary", "Stream", "Event",
-    "current_stream", "default_stream", "set_stream", "stream",
+    "current_stream", "default_stream", "set_stream", "stream", "StreamContext", "is_current_stream_capturing",
+    "get_per_process_memory_fraction", "set_per_process_memory_fraction", "memory_usage", "device_memory_used",
+    "memory_cached", "max_memory_cached", "reset_max_memory_cached", "memory_stats_as_nested_dict",
+    "ipc_collect", "can_device_access_peer", "get_arch_list", "is_tf32_supported", "set_sync_debug_mode",
+    "get_sync_debug_mode", "OutOfMemoryError",
 ]

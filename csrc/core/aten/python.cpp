@@ -158,8 +158,11 @@ PYBIND11_MODULE(_C, m) {
     d["live_storages"] = s.segments;
     d["num_ooms"] = s.num_ooms;
     d["limit_bytes"] = tt::GetConfig().memory_limit;
+    d["process_cap_bytes"] = tt::ProcessMemoryCap();
     return d;
   });
+  // torch.tpu.set_per_process_memory_fraction: the allocation cap in bytes (0: none).
+  m.def("_set_process_memory_cap", [](int64_t bytes) { tt::SetProcessMemoryCap(bytes); });
   m.def("_reset_peak", []() { tt::GetAllocator()->resetPeakStats(0); });
   m.def("_mem_get_info", []() { return tt::GetAllocator()->getMemoryInfo(0); });
   m.def("_metrics", []() {

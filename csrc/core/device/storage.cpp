@@ -51,15 +51,22 @@ std::string LimitName() {
   return GetConfig().memory_limit > 0 ? " (TORCHTPU_MEMORY_LIMIT)" : " (device capacity)";
 }
 
+// torch.tpu.set_per_process_memory_fraction's cap (0: none). As on CUDA it
+// caps this process's allocations; the device's size (getMemoryInfo) stays.
+std::atomic<int64_t> g_process_cap{0};
+
 // Throws torch.OutOfMemoryError when `grow` more bytes do not fit.
 void CheckFits(int64_t grow, const std::string& what) {
   int64_t limit = Limit();
+  const int64_t cap = g_process_cap.load();
+  const bool capped = cap > 0 && cap < limit;
+  if (capped) limit = cap;
   int64_t have = g_allocated.load();
   if (grow <= 0 || have + grow <= limit) return;
   g_ooms++;
   TORCH_CHECK_WITH(OutOfMemoryError, false, "tpu out of memory: tried to ", what, "; ", Human(have),
                    " already allocated, ", Human(std::max<int64_t>(0, limit - have)), " free; limit ",
-                   Human(limit), LimitName(),
+                   Human(limit), capped ? " (torch.tpu.set_per_process_memory_fraction)" : LimitName(),
                    ". Free tensors (del, torch.tpu.empty_cache()) or raise TORCHTPU_MEMORY_LIMIT.");
 }
 }  // namespace
@@ -141,6 +148,9 @@ TpuAllocator* GetAllocator() {
   static TpuAllocator a;
   return &a;
 }
+
+void SetProcessMemoryCap(int64_t bytes) { g_process_cap = std::max<int64_t>(0, bytes); }
+int64_t ProcessMemoryCap() { return g_process_cap.load(); }
 
 MemStats GetMemStats() {
   return {g_allocated.load(), g_peak.load(), g_allocs.load(), g_frees.load(), g_live.load(), g_ooms.load()};

@@ -64,6 +64,10 @@ struct MemStats {
   int64_t allocated, peak, num_allocs, num_frees, segments, num_ooms;
 };
 MemStats GetMemStats();
+// The per-process allocation cap (torch.tpu.set_per_process_memory_fraction;
+// bytes, 0: none). The device size getMemoryInfo reports stays as it is.
+void SetProcessMemoryCap(int64_t bytes);
+int64_t ProcessMemoryCap();
 
 c10::DeviceIndex CurrentDeviceIndex();
 
