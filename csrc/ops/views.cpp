@@ -124,25 +124,99 @@ std::vector<Value> AsStridedL(LowerCtx& c) {
 }
 TT_GRAPH_LOWERINGS(({"aten::as_strided", "aten::as_strided_copy"}), AsStridedL);
 
-std::vector<Value> DiagonalL(LowerCtx& c) {
-  Value x = c.t(0);
-  int r = x.rank();
-  int64_t off = c.i64_or(1, 0);
-  int64_t d1 = NormDim(c.i64_or(2, 0), r), d2 = NormDim(c.i64_or(3, 1), r);
-  Dims cs = ContiguousStrides(x.dims());
+// The diagonal (offset, dim1, dim2) of a contiguous value of shape `dims`, as
+// a view: the other dims in order, then the diagonal.
+hlo::ViewSpec DiagonalView(const Dims& dims, int64_t off, int64_t d1, int64_t d2) {
+  Dims cs = ContiguousStrides(dims);
   hlo::ViewSpec s;
-  for (int i = 0; i < r; ++i)
+  for (int i = 0; i < (int)dims.size(); ++i)
     if (i != d1 && i != d2) {
-      s.sizes.push_back(x.dims()[i]);
+      s.sizes.push_back(dims[i]);
       s.strides.push_back(cs[i]);
     }
-  int64_t n = c.out().dims.back();
+  int64_t n = off >= 0 ? std::max<int64_t>(std::min(dims[d1], dims[d2] - off), 0)
+                       : std::max<int64_t>(std::min(dims[d1] + off, dims[d2]), 0);
   s.sizes.push_back(n);
   s.strides.push_back(cs[d1] + cs[d2]);
   s.offset = n == 0 ? 0 : (off >= 0 ? off * cs[d2] : -off * cs[d1]);
+  return s;
+}
+
+std::vector<Value> DiagonalL(LowerCtx& c) {
+  Value x = c.t(0);
+  int r = x.rank();
+  hlo::ViewSpec s = DiagonalView(x.dims(), c.i64_or(1, 0), NormDim(c.i64_or(2, 0), r), NormDim(c.i64_or(3, 1), r));
   return {hlo::ReadView(c.b, c.b.Reshape(x, {x.type.numel()}), s)};
 }
 TT_GRAPH_LOWERINGS(({"aten::diagonal", "aten::diagonal_copy"}), DiagonalL);
+
+// Functionalization's view inverses: the input's value with src written through
+// the view (over the input's contiguous value, as the view lowerings above
+// read it). Lowered rather than decomposed: torch's decompositions
+// (where/index) give the result the strides of an elementwise op, where the
+// meta kernels (and eager: a clone of the input, then a copy into the view)
+// keep the input's strides. Functionalization then views the result back
+// into its base (a view of a transposed intermediate, issue 39) and
+// torch.compile failed with "Cannot view a tensor with shape ...".
+Value WriteInto(LowerCtx& c, const hlo::ViewSpec& s) {
+  Value x = c.t(0);
+  const Type& o = c.out();
+  Value src = Bcast(c.b, c.t(1), s.sizes, o.et);
+  Value flat = c.b.Reshape(Cast(c.b, x, o.et), {x.type.numel()});
+  return c.b.Reshape(hlo::WriteView(c.b, flat, src, s), o.dims);
+}
+
+// slice_scatter(self, src, dim=0, start=None, end=None, step=1)
+std::vector<Value> SliceScatterL(LowerCtx& c) {
+  Value x = c.t(0);
+  int r = x.rank();
+  int64_t dim = NormDim(c.i64_or(2, 0), r);
+  int64_t size = x.dims()[dim];
+  int64_t step = c.i64_or(5, 1);
+  if (step <= 0) c.fail("slice step must be positive");
+  int64_t start = c.i64_or(3, 0), end = c.i64_or(4, size);
+  if (start < 0) start += size;
+  if (end < 0) end += size;
+  start = std::clamp<int64_t>(start, 0, size);
+  end = std::clamp<int64_t>(end, start, size);
+  Dims cs = ContiguousStrides(x.dims());
+  hlo::ViewSpec s;
+  s.sizes = x.dims();
+  s.strides = cs;
+  s.sizes[dim] = (end - start + step - 1) / step;
+  s.strides[dim] = cs[dim] * step;
+  s.offset = start * cs[dim];
+  return {WriteInto(c, s)};
+}
+TT_GRAPH_LOWERINGS(({"aten::slice_scatter"}), SliceScatterL);
+
+// select_scatter(self, src, dim, index)
+std::vector<Value> SelectScatterL(LowerCtx& c) {
+  Value x = c.t(0);
+  int r = x.rank();
+  int64_t dim = NormDim(c.i64(2), r);
+  int64_t idx = c.i64(3);
+  if (idx < 0) idx += x.dims()[dim];
+  if (idx < 0 || idx >= x.dims()[dim]) c.fail("select_scatter index out of range");
+  Dims cs = ContiguousStrides(x.dims());
+  hlo::ViewSpec s;
+  for (int i = 0; i < r; ++i)
+    if (i != dim) {
+      s.sizes.push_back(x.dims()[i]);
+      s.strides.push_back(cs[i]);
+    }
+  s.offset = idx * cs[dim];
+  return {WriteInto(c, s)};
+}
+TT_GRAPH_LOWERINGS(({"aten::select_scatter"}), SelectScatterL);
+
+// diagonal_scatter(self, src, offset=0, dim1=0, dim2=1): the view DiagonalL reads
+std::vector<Value> DiagonalScatterL(LowerCtx& c) {
+  Value x = c.t(0);
+  int r = x.rank();
+  return {WriteInto(c, DiagonalView(x.dims(), c.i64_or(2, 0), NormDim(c.i64_or(3, 0), r), NormDim(c.i64_or(4, 1), r)))};
+}
+TT_GRAPH_LOWERINGS(({"aten::diagonal_scatter"}), DiagonalScatterL);
 
 std::vector<Value> ViewDtype(LowerCtx& c) {
   Value x = c.t(0);

@@ -383,14 +383,13 @@ def _decomposition_table() -> dict:
 
         from .. import _C
 
-        from torch._decomp import get_decompositions
-
         table = dict(core_aten_decompositions())
-        # functionalization's *_scatter ops (a compiled backward writes into a
-        # slice of a gradient with slice_scatter) are core ATen ops; torch's
-        # decompositions give them as iota/where/index, which are lowered
-        table.update(get_decompositions([torch.ops.aten.slice_scatter, torch.ops.aten.select_scatter,
-                                         torch.ops.aten.diagonal_scatter]))
+        # Functionalization's view inverses (slice/select/diagonal_scatter: a
+        # compiled backward writing into a slice of a gradient, a setitem on a
+        # view) are lowered (ops/views.cpp), never decomposed: torch's
+        # decompositions (where/index) give them an elementwise op's strides
+        # where the meta kernels keep the input's, and functionalization views
+        # the result back into its base with those strides.
         _decomps = {op: fn for op, fn in table.items()
                     if not (isinstance(op, OpOverload) and _C._has_lowering(op_name(op)))}
     return _decomps
