@@ -34,6 +34,7 @@
 #include "core/exec/debug.h"
 #include "core/exec/events.h"
 #include "core/exec/executor.h"
+#include "kernels.h"
 #include "meta.h"
 #include "plan.h"
 #include "runtime/runtime.h"
@@ -1028,6 +1029,9 @@ void RegisterNativeKernels() {
     // decomposition); a backend kernel would bypass it. Their lowerings still
     // serve torch.compile graphs.
     if (handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
+    // a kernel of our own registered for it already (it calls NativeKernel
+    // for what the lowering covers: sparse.cpp)
+    if (handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
     lib->impl(n.c_str(), torch::CppFunction::makeFromBoxedFunction<&NativeKernel>());
   }
 }
