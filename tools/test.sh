@@ -3,7 +3,9 @@
 #   bash tools/test.sh            fast tier on torch 2.13.0 (what CI runs first)
 #   TORCH=2.14.1 bash tools/test.sh   the fast tier on torch 2.14.1, in a venv of its own
 #                                 (TORCHTPU_TORCH_VENV, default ~/.cache/torchtpu/venv-torch2.14.1)
-#                                 built in build/torch2.14.1 (CI runs it second)
+#                                 built in build/torch2.14.1 (CI runs it after the vLLM tier)
+#   TORCH=2.15.0 bash tools/test.sh   the fast tier on torch 2.15.0 (PyPI's build, cached in its venv
+#                                 ~/.cache/torchtpu/venv-torch2.15.0), built in build/torch2.15.0
 #   PYTEST_ARGS="-m slow" bash tools/test.sh   the slow sweeps
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,10 +13,10 @@ TORCH=${TORCH:-2.13.0}
 PY=${PYTHON:-python3}
 BUILD_ARGS=()
 # torchtitan 0.3.0 needs torch 2.14: its trainer tests (tests/test_titan.py, ~2 min) run in the
-# 2.14 tier, which installs the titan extra; on 2.13 they skip (no torchtitan).
+# 2.14 tier, which installs the titan extra; on 2.13 and 2.15 they skip (no torchtitan).
 EXTRAS=test
 if [ "$TORCH" != "2.13.0" ]; then
-  EXTRAS=test,titan
+  [ "$TORCH" = "2.14.1" ] && EXTRAS=test,titan
   if [ -z "${PYTHON:-}" ]; then
     VENV=${TORCHTPU_TORCH_VENV:-$HOME/.cache/torchtpu/venv-torch$TORCH}
     [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
@@ -22,6 +24,10 @@ if [ "$TORCH" != "2.13.0" ]; then
   fi
   # a build dir per torch: both builds stay incremental
   BUILD_ARGS=(-C "build-dir=build/torch$TORCH")
+  # a machine-wide pip constraint may cap torch at the releases a host keeps on
+  # disk (this project's machines: torch<=2.14.1 in /etc/xdg/pip); the newer
+  # release asked for here comes from PyPI, so no constraint file applies
+  [ "$TORCH" = "2.15.0" ] && export PIP_CONSTRAINT=/dev/null
 fi
 echo "== torch $TORCH ($PY)"
 # Relative paths in ccache keys: rebuilds of another clone reuse the cache.
