@@ -1,6 +1,7 @@
 """Eager modes compared in one process: strict vs defer_and_fuse (and debug).
 
     python benchmarks/bench_modes.py [--steps 30] [--repeat 3] [--json out.json]
+    python benchmarks/bench_modes.py --busy 1 [--batches 8]   # on a shared host
 
 The modes take turns step by step (and run by run for the chain and the
 pipelined loops), so this machine's drifting speed hits every mode alike.
@@ -14,6 +15,14 @@ Reports:
     first-step (compile) time; also defer_and_fuse_chunk0, defer_and_fuse
     with each synced step one region (torchtpu.set_defer_chunk_ops(0)), to
     show what running the step in parts gains;
+  * with --busy N: the GPT step (default batch 8, T64) measured idle and then
+    while N other processes each keep a core busy (a data loader, a
+    tokenizer, a second process per host), each mode in a fresh process with
+    a cold compile cache, as a user runs it: the warm-up (--steps steps, loss
+    read once at the end: compiles and loop detection), the same steps timed
+    with the loss read once at the end (pipelined) and with the loss read
+    every step; each mode's slowdown factor (busy / idle) and defer/strict in
+    each phase;
   * elementwise chain: 50 x (+1, *2, -1) on a 1M-element float tensor, then
     .cpu(): time per mode and the defer/strict speed-up, measured twice: in
     this process after the GPT runs ("chain"; the allocator is warm, so
@@ -66,8 +75,8 @@ class GptRun:
     in turn (interleaved), so this machine's drifting speed hits every mode
     alike; each step's wall time includes loss.item()."""
 
-    def __init__(self, mode: str, steps: int, batch: int, chunk_ops: int | None = None):
-        cfg = GPTConfig()
+    def __init__(self, mode: str, steps: int, batch: int, chunk_ops: int | None = None, cfg: GPTConfig | None = None):
+        cfg = cfg or GPTConfig()
         corpus = synthetic_corpus(20000, cfg.vocab_size)
         self.mode = mode
         # defer_and_fuse's parts per synced step (None: the default)
@@ -170,6 +179,77 @@ def _chain(reps: int) -> dict:
     return r
 
 
+def _busy_procs(n: int) -> list:
+    import subprocess
+
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def busy_child(args) -> dict:
+    """One mode's GPT run as a user writes it, in a fresh process with a cold
+    compile cache: `--steps` steps with the loss read once at the end (the
+    warm-up: compiles and loop detection included), then `--repeat` timed runs
+    of the same steps, loss read once at the end, then synced steps (the loss
+    read every step)."""
+    mode = args.busy_child
+    b = int(args.batches.split(",")[0])
+    cfg = GPTConfig(block_size=args.block_size, n_layer=args.n_layer, n_embd=args.n_embd)
+    run = GptRun(mode, args.steps, b, cfg=cfg)
+    with torchtpu.mode(mode):
+        m0 = torchtpu.metrics()
+        t0 = time.perf_counter()
+        losses = [run.step_fn(x, y) for x, y in run.data]
+        losses[-1].item()
+        warmup = time.perf_counter() - t0
+        compiles = torchtpu.metrics()["compiles"] - m0["compiles"]
+    for _ in range(args.repeat):
+        run.run_pipelined()
+    for i in range(min(args.steps, 12)):
+        run.step(i)
+    return {"warmup_s": warmup, "warmup_compiles": compiles, "pipelined_s": run.pipelined,
+            "step_s": run.times[2:], "compiles_after_warmup": run.pipelined_compiles + sum(run.compiles)}
+
+
+def busy_compare(args) -> dict:
+    """Each mode in a fresh process (busy_child), idle and then beside
+    args.busy busy processes."""
+    import subprocess
+
+    b = int(args.batches.split(",")[0])
+    res = {"batch": b, "block_size": args.block_size, "n_layer": args.n_layer, "n_embd": args.n_embd,
+           "steps": args.steps, "busy_processes": args.busy}
+    for phase in ("idle", "busy"):
+        procs = _busy_procs(args.busy) if phase == "busy" else []
+        try:
+            if procs:
+                time.sleep(0.5)
+            r = res[phase] = {}
+            for mode in ("strict", "defer_and_fuse"):
+                env = dict(os.environ)
+                env.pop("TORCHTPU_CACHE_DIR", None)  # a cold cache of its own
+                cmd = [sys.executable, os.path.abspath(__file__), "--busy-child", mode, "--steps", str(args.steps),
+                       "--repeat", str(args.repeat), "--batches", str(b), "--block-size", str(args.block_size),
+                       "--n-layer", str(args.n_layer), "--n-embd", str(args.n_embd)]
+                out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+                c = json.loads(out.strip().splitlines()[-1])
+                r[mode] = {"warmup_s": round(c["warmup_s"], 3), "warmup_compiles": c["warmup_compiles"],
+                           "compiles_after_warmup": c["compiles_after_warmup"],
+                           "pipelined": spread(c["pipelined_s"]), "step": spread(c["step_s"])}
+            for k in ("step", "pipelined"):
+                r[f"speedup_defer_vs_strict_{k}"] = round(
+                    r["strict"][k]["median_ms"] / r["defer_and_fuse"][k]["median_ms"], 3)
+            r["speedup_defer_vs_strict_warmup"] = round(r["strict"]["warmup_s"] / r["defer_and_fuse"]["warmup_s"], 3)
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+    for m in ("strict", "defer_and_fuse"):
+        for k in ("step", "pipelined"):
+            res[f"slowdown_{m}_{k}"] = round(res["busy"][m][k]["median_ms"] / res["idle"][m][k]["median_ms"], 3)
+        res[f"slowdown_{m}_warmup"] = round(res["busy"][m]["warmup_s"] / res["idle"][m]["warmup_s"], 3)
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
@@ -178,9 +258,24 @@ def main() -> None:
     ap.add_argument("--chain-only", action="store_true", help="only the elementwise chain (this process)")
     ap.add_argument("--batches", default="16,2",
                     help="GPT batch sizes; 16 is bound by XLA:CPU compute, 2 by host dispatch (as on an accelerator)")
+    ap.add_argument("--busy", type=int, default=0,
+                    help="only the GPT step, idle and then beside N busy processes (default batch 8)")
+    ap.add_argument("--busy-child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--block-size", type=int, default=64, help="--busy: the GPT's sequence length")
+    ap.add_argument("--n-layer", type=int, default=2, help="--busy: the GPT's layers")
+    ap.add_argument("--n-embd", type=int, default=64, help="--busy: the GPT's width")
     args = ap.parse_args()
     torch.manual_seed(0)
     res = {"threads": thread_settings()}
+    if args.busy_child:
+        print(json.dumps(busy_child(args)))
+        return
+    if args.busy:
+        if args.batches == ap.get_default("batches"):
+            args.batches = "8"
+        res["busy"] = busy_compare(args)
+        report(res, args.json)
+        return
     if args.chain_only:
         print(json.dumps(_chain(9 * args.repeat)))
         return

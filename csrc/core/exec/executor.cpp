@@ -477,8 +477,7 @@ void Region::AfterOp(uint64_t sig) {
     // so every region has the same program text (a cache hit).
     if (period_sigs_[period_pos_ % period_sigs_.size()] != sig) {
       period_ = 0;  // the sequence changed: detect again
-      sigs_.clear();
-      candidates_.clear();
+      ResetDetection();
     } else if (++period_pos_ == period_) {
       period_pos_ = 0;
       cut_pending_ = "loop_boundary";
@@ -495,20 +494,31 @@ void Region::AfterOp(uint64_t sig) {
     period_chunk_ = ChunkOps(period_);
     period_sigs_ = known_loop_;
     period_pos_ = 1;
+  } else if (!period_ && sigs_.empty() && !overlap_loop_.empty() && sig == overlap_loop_[0]) {
+    // the loop that ran whole iterations before a host read at its boundary
+    // (logging every N steps) goes on: the same cuts, no new detection region
+    period_ = overlap_period_;
+    period_chunk_ = 0;
+    period_sigs_ = overlap_loop_;
+    period_pos_ = 1;
   } else if (!period_) {
+    if (sigs_.size() >= 16384) ResetDetection();
+    if (anchors_.empty()) anchors_.push_back({sigs_.size(), {}});
     sigs_.push_back(sig);
-    size_t n = sigs_.size();
-    if (n > 1 && sig == sigs_[0]) candidates_.push_back(n - 1);
-    if (n > 16384) {
-      sigs_.clear();
-      candidates_.clear();
-    }
-    candidates_.erase(std::remove_if(candidates_.begin(), candidates_.end(),
-                                     [n](size_t p) { return 2 * p < n; }),
-                      candidates_.end());
-    for (size_t p : candidates_) {
-      if (2 * p != n) continue;
-      if (std::equal(sigs_.begin(), sigs_.begin() + p, sigs_.begin() + p)) {
+    const size_t i = sigs_.size() - 1;  // this op's index
+    // the first op's signature again, at least twice as far as the last
+    // anchor: likely the next iteration's start, so a later anchor
+    if (i > 0 && sig == sigs_[0] && i >= 2 * anchors_.back().start) anchors_.push_back({i, {}});
+    for (Anchor& a : anchors_) {
+      const size_t n = i + 1 - a.start;  // ops since the anchor, this one included
+      if (n > 1 && sig == sigs_[a.start]) a.candidates.push_back(n - 1);
+      a.candidates.erase(std::remove_if(a.candidates.begin(), a.candidates.end(),
+                                        [n](size_t p) { return 2 * p < n; }),
+                         a.candidates.end());
+      for (size_t p : a.candidates) {
+        if (2 * p != n) continue;
+        auto first = sigs_.begin() + a.start;
+        if (!std::equal(first, first + p, first + p)) continue;
         // Cut every iteration, always at the same phase. A tiny body (an
         // elementwise chain) is cut every k iterations instead, so a region
         // holds enough work; a body of tens of ops or more stays one
@@ -517,16 +527,17 @@ void Region::AfterOp(uint64_t sig) {
         // a second, bigger compile for no fusion gain.
         period_ = p < kTinyLoopOps ? p * std::max<size_t>(1, (size_t)DeferThreshold() / 2 / p) : p;
         period_chunk_ = 0;  // iterations overlap already: no parts
-        period_pos_ = (2 * p) % period_;  // phase origin: the first op of sigs_
-        period_sigs_.assign(sigs_.begin(), sigs_.begin() + p);
+        period_pos_ = (2 * p) % period_;  // phase origin: the anchor's op
+        period_sigs_.assign(first, first + p);
         GetDeferStats().periods_detected++;
-        sigs_.clear();
-        candidates_.clear();
+        ResetDetection();
         if (period_pos_ == 0) {
           cut_pending_ = "loop_boundary";
           return;
         }
+        break;
       }
+      if (period_) break;
     }
   }
   if (ops_ >= DeferThreshold()) Flush(false, "size_threshold");
@@ -545,12 +556,16 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
     if (!boundary && std::strcmp(reason, "loop_part") && std::strcmp(reason, "loop_detected") &&
         std::strcmp(reason, "size_threshold")) {
       // a host read or sync inside a loop: restart detection from here
+      overlap_loop_.clear();
+      if (period_ && !period_chunk_ && period_pos_ == 0) {
+        overlap_loop_ = period_sigs_;
+        overlap_period_ = period_;
+      }
       if (sigs_.size() >= kTinyLoopOps) {
         if (sigs_ == last_sigs_) known_loop_ = sigs_;
         last_sigs_ = std::move(sigs_);
       }
-      sigs_.clear();
-      candidates_.clear();
+      ResetDetection();
       period_ = 0;
     }
   }

@@ -221,7 +221,24 @@ class Region {
   int ops_ = 0;
   // defer_and_fuse loop detection (see AfterOp)
   std::vector<uint64_t> sigs_;
-  std::vector<size_t> candidates_;
+  // Where a repetition is looked for: from each anchor (an index into sigs_),
+  // candidate periods p (the anchor's signature seen again p ops later),
+  // checked once 2p ops followed the anchor. The first anchor is the first op;
+  // each later one is that op's signature seen again, at least twice as far
+  // in (at most log2 of the ops anchors), so a loop whose first iteration
+  // differs (an optimizer creating its state, a warm-up step) is found from
+  // the second iteration's start (issue 39: a loop that never read the host
+  // was left to the size threshold, regions at shifting phases, each a new
+  // compile).
+  struct Anchor {
+    size_t start;
+    std::vector<size_t> candidates;
+  };
+  std::vector<Anchor> anchors_;
+  void ResetDetection() {
+    sigs_.clear();
+    anchors_.clear();
+  }
   size_t period_ = 0;       // detected iteration length in ops (0 = none)
   size_t period_pos_ = 0;   // ops since the last periodic flush
   size_t period_chunk_ = 0; // cut also every this many ops inside a period (0: no)
@@ -231,6 +248,10 @@ class Region {
   // sequence starting with that body is cut after it at once, with no
   // two-iteration detection region and its extra compile.
   std::vector<uint64_t> last_sigs_, known_loop_;
+  // A detected loop running whole iterations (no host read in them) whose
+  // iteration boundary a host read met: followed again at once after it.
+  std::vector<uint64_t> overlap_loop_;
+  size_t overlap_period_ = 0;
   const char* cut_pending_ = nullptr;  // the reason of a cut at the next op
 };
 
