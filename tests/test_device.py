@@ -585,8 +585,41 @@ def test_cuda_module_api_names_libraries_call():
     torch.tpu.ipc_collect()
     assert torch.tpu.can_device_access_peer(0, 0) is False
     assert torch.tpu.get_arch_list() == [] and torch.tpu.is_tf32_supported() is False
-    torch.tpu.set_sync_debug_mode("warn")
-    assert torch.tpu.get_sync_debug_mode() == 1
-    torch.tpu.set_sync_debug_mode(0)
     with pytest.raises(RuntimeError, match="debug_mode"):
         torch.tpu.set_sync_debug_mode("loud")
+
+
+def test_sync_debug_mode_warns_and_raises_on_host_reads():
+    x = torch.ones(4, device="tpu") * 2  # no host read: fine in every mode
+    try:
+        torch.tpu.set_sync_debug_mode("warn")
+        assert torch.tpu.get_sync_debug_mode() == 1
+        y = x + 1
+        with pytest.warns(UserWarning, match="synchronizing tpu operation"):
+            assert y.sum().item() == 12
+        torch.tpu.set_sync_debug_mode(2)
+        with pytest.raises(RuntimeError, match="synchronizing tpu operation"):
+            x.cpu()
+    finally:
+        torch.tpu.set_sync_debug_mode("default")
+    assert torch.tpu.get_sync_debug_mode() == 0 and x.cpu().tolist() == [2.0] * 4
+
+
+def test_accelerator_device_capability_lists_the_dtypes_that_work():
+    """torch.accelerator.get_device_capability(): each dtype it lists allocates
+    on tpu and converts to and from float32 and the CPU; the ones it leaves out
+    are refused with an error naming the dtype."""
+    if not hasattr(torch.accelerator, "get_device_capability"):
+        pytest.skip("torch.accelerator.get_device_capability is newer than this torch")
+    listed = torch.accelerator.get_device_capability("tpu")["supported_dtypes"]
+    assert {torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool,
+            torch.float8_e4m3fn} <= set(listed)
+    for dt in listed:
+        x = torch.ones(4, device="tpu").to(dt)
+        assert x.dtype == dt
+        back = x.cpu()
+        assert back.dtype == dt
+        assert torch.equal((back.real if back.is_complex() else back).to(torch.float32), torch.ones(4))
+    assert torch.complex32 not in listed and torch.quint8 not in listed
+    with pytest.raises(TypeError, match="ComplexHalf"):
+        torch.zeros(2, dtype=torch.complex32, device="tpu")

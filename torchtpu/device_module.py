@@ -462,23 +462,22 @@ def is_tf32_supported() -> bool:
     return False
 
 
-_sync_debug_mode = 0
-
-
 def set_sync_debug_mode(debug_mode) -> None:
-    """Accepted for API parity ("default"/0, "warn"/1, "error"/2); torchtpu does not yet warn on
-    synchronizing operations, so only the setting is kept."""
-    global _sync_debug_mode
+    """As ``torch.cuda.set_sync_debug_mode``: "default"/0 nothing, "warn"/1 warns and
+    "error"/2 raises at each operation that waits for the device to read its memory
+    (``.item()``, ``.cpu()``, printing, ``nonzero``)."""
     names = {"default": 0, "warn": 1, "error": 2}
     if isinstance(debug_mode, str):
         if debug_mode not in names:
-            raise RuntimeError('invalid value of debug_mode, expected one of `default`, `warn`, `error`')
+            raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`")
         debug_mode = names[debug_mode]
-    _sync_debug_mode = int(debug_mode)
+    if debug_mode not in (0, 1, 2):
+        raise RuntimeError("invalid value of debug_mode, expected 0, 1 or 2")
+    _C()._set_sync_debug_mode(int(debug_mode))
 
 
 def get_sync_debug_mode() -> int:
-    return _sync_debug_mode
+    return _C()._get_sync_debug_mode()
 
 
 OutOfMemoryError = torch.OutOfMemoryError

@@ -194,6 +194,24 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   c10::Stream exchangeStream(c10::Stream s) const override { return ExchangeStream(s); }
   c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+#if __has_include(<c10/core/DeviceCapability.h>)
+  // torch.accelerator.get_device_capability(): the dtypes tpu tensors are
+  // allocated in and converted between (tests/test_device.py checks each).
+  // Not: the sub-byte and bit types, complex32, float4 (allocated, but no
+  // conversion), quantized types.
+  c10::DeviceCapability getDeviceCapability(c10::Device) const override {
+    c10::DeviceCapability cap;
+    uint64_t bits = 0;
+    for (int i : {c10::kIndex_Byte, c10::kIndex_Char, c10::kIndex_Short, c10::kIndex_Int, c10::kIndex_Long,
+                  c10::kIndex_Half, c10::kIndex_Float, c10::kIndex_Double, c10::kIndex_ComplexFloat,
+                  c10::kIndex_ComplexDouble, c10::kIndex_Bool, c10::kIndex_BFloat16, c10::kIndex_Float8_e5m2,
+                  c10::kIndex_Float8_e4m3fn, c10::kIndex_Float8_e5m2fnuz, c10::kIndex_Float8_e4m3fnuz,
+                  c10::kIndex_Float8_e8m0fnu, c10::kIndex_UInt16, c10::kIndex_UInt32, c10::kIndex_UInt64})
+      bits |= 1ULL << i;
+    cap.capability_data.capability_bits = bits;
+    return cap;
+  }
+#endif
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex,
               const c10::EventFlag flag) const override {
     RecordEvent(event, stream, flag);

@@ -162,6 +162,8 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   // torch.tpu.set_per_process_memory_fraction: the allocation cap in bytes (0: none).
+  m.def("_set_sync_debug_mode", [](int v) { tt::SyncDebugMode() = v; });
+  m.def("_get_sync_debug_mode", []() { return tt::SyncDebugMode().load(); });
   m.def("_set_process_memory_cap", [](int64_t bytes) { tt::SetProcessMemoryCap(bytes); });
   m.def("_reset_peak", []() { tt::GetAllocator()->resetPeakStats(0); });
   m.def("_mem_get_info", []() { return tt::GetAllocator()->getMemoryInfo(0); });

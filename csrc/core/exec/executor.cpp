@@ -933,7 +933,18 @@ int64_t ReadToHostImpl(const at::Tensor& src, void* dst);
 // up to the one that produced the value read (and any finished since) report
 // their op's error (RaisePendingChecks). Later programs (a step's parts still
 // running while its loss is read) are checked at the next sync.
+std::atomic<int>& SyncDebugMode() {
+  static std::atomic<int> m{0};
+  return m;
+}
+
 void ReadToHost(const at::Tensor& src, void* dst) {
+  // torch.tpu.set_sync_debug_mode, as torch.cuda's: warn or raise on an
+  // operation that waits for the device
+  if (int m = SyncDebugMode().load(std::memory_order_relaxed)) {
+    TORCH_CHECK(m != 2, "called a synchronizing tpu operation");
+    TORCH_WARN("called a synchronizing tpu operation");
+  }
   RaisePendingChecks(ReadToHostImpl(src, dst));
 }
 

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Scalar.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -276,5 +277,8 @@ void AppendStorageKey(std::string& key, const at::Tensor& t, const StatePtr& st,
 
 // Materialized contiguous copy of a tpu tensor into host memory `dst`.
 void ReadToHost(const at::Tensor& src, void* dst);
+// torch.tpu.set_sync_debug_mode: 0 nothing, 1 warn, 2 raise at each read of
+// device memory to the host (.item(), .cpu(), printing), as CUDA does.
+std::atomic<int>& SyncDebugMode();
 
 }  // namespace tt
