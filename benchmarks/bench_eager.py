@@ -13,7 +13,7 @@ Reports:
   * GPT demo training step time on tpu vs CPU, split into host time (the
     step's Python call returns) and wait (reading the loss).
 
-    python benchmarks/bench_eager.py --bounds-ab [--rounds 5]
+    python benchmarks/bench_eager.py --bounds-ab [--rounds 9] [--steps 200]
 
   * the cost of strict / defer_and_fuse's asynchronous index-bounds checks on
     the GPT step (loss read every step): each round runs the step in two fresh
@@ -198,12 +198,14 @@ def bounds_ab(rounds: int, steps: int) -> dict:
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=None, help="30; 200 with --bounds-ab (shorter runs drown in noise)")
     ap.add_argument("--json")
     ap.add_argument("--bounds-ab", action="store_true", help="cost of the asynchronous bounds checks")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--gpt-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.steps is None:
+        args.steps = 200 if args.bounds_ab else 30
     if args.gpt_only:
         print(_gpt_step_ms(args.steps))
         return
