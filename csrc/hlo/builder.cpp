@@ -463,13 +463,23 @@ Value Builder::Reduce(Value v, Value init, const Dims& dims, const char* op) {
   })[0];
 }
 
+std::string Builder::PrecisionAttr(ET a, ET b, Prec p) const {
+  auto wide = [](ET t) { return t == ET::F32 || t == ET::C64; };
+  if (!wide(a) && !wide(b)) return "";
+  F32Precision f = p == Prec::kExact ? F32Precision::kHighest : f32_precision_;
+  if (f == F32Precision::kDefault) return "";
+  const char* name = f == F32Precision::kHighest ? "HIGHEST" : "HIGH";
+  return std::string(", precision_config = [#stablehlo<precision ") + name + ">, #stablehlo<precision " + name +
+         ">]";
+}
+
 Value Builder::DotGeneral(Value a, Value b, const Dims& lb, const Dims& rb, const Dims& lc,
-                          const Dims& rc, const Type& result) {
+                          const Dims& rc, const Type& result, Prec p) {
   return Op1("stablehlo.dot_general", {a, b}, result,
              "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = " + IntList(lb) +
                  ", rhs_batching_dimensions = " + IntList(rb) +
                  ", lhs_contracting_dimensions = " + IntList(lc) +
-                 ", rhs_contracting_dimensions = " + IntList(rc) + ">");
+                 ", rhs_contracting_dimensions = " + IntList(rc) + ">" + PrecisionAttr(a.et(), b.et(), p));
 }
 
 Value Builder::DynamicUpdateSlice(Value operand, Value update, const std::vector<Value>& starts) {

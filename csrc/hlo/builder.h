@@ -126,8 +126,19 @@ class Builder {
   Value Reduce(Value v, Value init, const Dims& dims, const char* op);
   std::vector<Value> ReduceMulti(const std::vector<Value>& vs, const std::vector<Value>& inits,
                                  const Dims& dims, const RegionFn& body);
+  // Float32 (and complex64) dots and convolutions carry the precision the
+  // caller set (torch.get_float32_matmul_precision(): "highest" -> HIGHEST,
+  // "high" -> HIGH, "medium" -> DEFAULT, which on TPU is one bfloat16 pass);
+  // an op's internal dot that stands for exact arithmetic (a cumulative sum,
+  // a pooling window's mean) asks for kExact: HIGHEST whatever the setting.
+  enum class Prec : uint8_t { kUser, kExact };
+  enum class F32Precision : uint8_t { kHighest, kHigh, kDefault };
+  void set_f32_precision(F32Precision p) { f32_precision_ = p; }
+  F32Precision f32_precision() const { return f32_precision_; }
+  // ", precision_config = [...]" for operands of these types, or "".
+  std::string PrecisionAttr(ET a, ET b, Prec p = Prec::kUser) const;
   Value DotGeneral(Value a, Value b, const Dims& lb, const Dims& rb, const Dims& lc,
-                   const Dims& rc, const Type& result);
+                   const Dims& rc, const Type& result, Prec p = Prec::kUser);
   Value DynamicUpdateSlice(Value operand, Value update, const std::vector<Value>& starts);
 
  private:
@@ -140,6 +151,7 @@ class Builder {
   std::vector<std::string> arg_attrs_;
   std::string body_;
   std::string indent_ = "    ";
+  F32Precision f32_precision_ = F32Precision::kHighest;
 };
 
 }  // namespace tt::hlo

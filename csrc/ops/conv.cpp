@@ -35,7 +35,7 @@ Value Conv(Builder& b, Value x, Value w, const ConvSpec& s, const Dims& out_dims
   std::string attrs = "batch_group_count = " + std::to_string(s.bgc) + " : i64, dimension_numbers = " + dn +
                       ", feature_group_count = " + std::to_string(s.fgc) +
                       " : i64, lhs_dilation = " + Arr(s.lhs_dil) + ", padding = " + PadAttr(s.lo, s.hi) +
-                      ", rhs_dilation = " + Arr(s.rhs_dil) + ", window_strides = " + Arr(s.stride);
+                      ", rhs_dilation = " + Arr(s.rhs_dil) + ", window_strides = " + Arr(s.stride) + b.PrecisionAttr(x.et(), w.et());
   return b.Op1("stablehlo.convolution", {x, w}, Type(x.et(), out_dims), attrs);
 }
 

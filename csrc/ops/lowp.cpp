@@ -188,7 +188,7 @@ Value ScaledDot(LowerCtx& c, const Operand& a, const Operand& bt, std::optional<
   } else {
     ET et = ET::BF16;
     Value da = Dequant(b, a, &et), db = Dequant(b, bt, &et);
-    r = b.DotGeneral(Cast(b, da, et), Cast(b, db, et), {}, {}, {1}, {1}, rt);
+    r = b.DotGeneral(Cast(b, da, et), Cast(b, db, et), {}, {}, {1}, {1}, rt, Builder::Prec::kExact);  // emulates an exact dot
   }
   if (global) r = b.Mul(r, b.BroadcastTo(Cast(b, *global, ET::F32), {M, N}));
   if (bias) r = b.Add(r, b.BroadcastTo(Cast(b, *bias, ET::F32), {M, N}));

@@ -270,7 +270,8 @@ std::vector<Value> AvgPoolBackward(LowerCtx& c) {
                      "batch_group_count = 1 : i64, dimension_numbers = #stablehlo.conv<[b, f" + sp + "]x[o, i" +
                          sp + "]->[b, f" + sp + "]>, feature_group_count = 1 : i64, lhs_dilation = " +
                          hlo::I64Array(lhs_dil) + ", padding = " + PadAttr(lo, hi) +
-                         ", rhs_dilation = " + hlo::I64Array(ones) + ", window_strides = " + hlo::I64Array(ones));
+                         ", rhs_dilation = " + hlo::I64Array(ones) + ", window_strides = " + hlo::I64Array(ones) +
+                         b.PrecisionAttr(ct, ct, Builder::Prec::kExact));
   Dims st(D + 2, 0), lim = padded;
   for (int i = 0; i < D; ++i) {
     st[2 + i] = w.p[i];
@@ -308,7 +309,7 @@ Value ApplyDim(Builder& b, Value x, int dim, Value m, int mdim) {
     if (i != dim) rd.push_back(x.dims()[i]);
   int64_t nsz = m.dims()[1 - mdim];
   rd.push_back(nsz);
-  Value y = b.DotGeneral(x, m, {}, {}, {dim}, {mdim}, Type(x.et(), rd));
+  Value y = b.DotGeneral(x, m, {}, {}, {dim}, {mdim}, Type(x.et(), rd), Builder::Prec::kExact);
   Dims perm;
   for (int i = 0; i < r - 1; ++i) perm.push_back(i);
   perm.insert(perm.begin() + dim, r - 1);

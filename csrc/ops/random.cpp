@@ -327,7 +327,7 @@ std::vector<Value> Multinomial(LowerCtx& c) {
     // Inverse CDF: index = #{j : cdf_j <= u * total}.
     Value ii = b.Iota(Type(ET::S32, {n, n}), 0), jj = b.Iota(Type(ET::S32, {n, n}), 1);
     Value tri = b.Convert(b.Compare(ii, jj, "LE"), ft);  // tri[i, j] = i <= j
-    Value cdf = b.DotGeneral(p, tri, {}, {}, {1}, {0}, Type(ft, {rows, n}));
+    Value cdf = b.DotGeneral(p, tri, {}, {}, {1}, {0}, Type(ft, {rows, n}), Builder::Prec::kExact);
     Value total = b.Slice(cdf, {0, n - 1}, {rows, n}, {1, 1});  // [rows, 1]
     Value u = Uniforms(c, ft, {rows, k})[0];
     Value t = b.Mul(u, b.Broadcast(b.Reshape(total, {rows}), {rows, k}, {0}));

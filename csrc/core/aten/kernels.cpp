@@ -155,7 +155,7 @@ static bool IsTpu(const at::Tensor& t) { return t.device().type() == c10::Device
 static void Finish(Region& r, uint64_t sig = 0) { r.AfterOp(sig); }
 
 static uint64_t Signature(const std::string& name, const std::vector<at::Tensor>& inputs) {
-  uint64_t h = std::hash<std::string>()(name);
+  uint64_t h = std::hash<std::string>()(name) ^ ((uint64_t)Region::MatmulPrecisionKey() << 56);
   for (const at::Tensor& t : inputs) {
     h = h * 1000003u ^ (uint64_t)t.scalar_type();
     for (auto d : t.sizes()) h = h * 1000003u ^ (uint64_t)d;
@@ -732,6 +732,7 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     std::lock_guard<std::recursive_mutex> g(Region::Lock());
     if (Region::Current().pristine()) {
       plan_key = key;
+      plan_key += Region::MatmulPrecisionKey();
       PlanKey(flat_inputs, plan_key);
       if (ReplayPlan(plan_key, schema, name, args, flat_inputs, stack)) return;
       plan.active = true;
@@ -845,6 +846,7 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     // before the op writes (checked at the next synchronization, as CUDA does)
     std::shared_ptr<PendingCheckValue> bounds;
     if (!debug) bounds = RecordBoundsCheck(r, schema, args);
+    r.FollowMatmulPrecision();
     std::vector<Value> vals = lw->fn(c);
     if (!schema.returns().empty() && vals.size() == n_returned && n_returned < outs.size())
       outs.resize(n_returned);

@@ -417,6 +417,20 @@ int Region::AddResult(Value v) {
   return (int)extra_.size() - 1;
 }
 
+char Region::MatmulPrecisionKey() {
+  switch (at::globalContext().float32MatmulPrecision()) {
+    case at::Float32MatmulPrecision::HIGH: return 'H';
+    case at::Float32MatmulPrecision::MEDIUM: return 'm';
+    default: return 'h';
+  }
+}
+
+void Region::FollowMatmulPrecision() {
+  using P = hlo::Builder::F32Precision;
+  char k = MatmulPrecisionKey();
+  b_->set_f32_precision(k == 'h' ? P::kHighest : k == 'H' ? P::kHigh : P::kDefault);
+}
+
 void Region::AddCheck(Value v, std::shared_ptr<const BoundsCheck> what) {
   check_vals_.push_back(v);
   check_what_.push_back(std::move(what));

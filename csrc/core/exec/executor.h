@@ -90,6 +90,13 @@ class Region {
   static Region& Current();  // the process-wide region (guarded by Lock())
   static std::recursive_mutex& Lock();
   hlo::Builder& b() { return *b_; }
+  // torch.get_float32_matmul_precision() now, as the builder's float32
+  // dot/convolution precision for the next lowering; its key letter ('h'
+  // highest, 'H' high, 'm' medium) goes into op-plan and graph-plan keys
+  // (the program text carries the attribute, so the executable caches key
+  // on it already).
+  static char MatmulPrecisionKey();
+  void FollowMatmulPrecision();
 
   // Logical value of a tpu tensor (its view of the storage).
   hlo::Value Read(const at::Tensor& t);

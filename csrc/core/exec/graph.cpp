@@ -361,6 +361,7 @@ std::vector<at::Tensor> RunGraph(Graph& g, const std::vector<py::object>& inputs
   std::vector<at::Tensor> in_tensors(inputs.size());
   std::vector<StatePtr> states(inputs.size());
   std::string key = SignatureKey(g, inputs, in_tensors, states);
+  key += Region::MatmulPrecisionKey();
   GetMetrics().Native("compiled_graph");
   for (size_t i = 0; i < g.plans.size(); ++i) {
     if (g.plans[i]->key != key) continue;
@@ -383,6 +384,7 @@ std::vector<at::Tensor> RunGraph(Graph& g, const std::vector<py::object>& inputs
       }
       have[id] = true;
     }
+    r.FollowMatmulPrecision();
     for (const GNode& n : g.nodes) {
       ops::LowerCtx c{r.b(), n.op, {}, n.names, n.outs, {}};
       for (const GArg& ga : n.args) {
