@@ -88,3 +88,26 @@ def pytest_collection_modifyitems(config, items):
         if drop:
             config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+# --- TORCHTPU_TPU_CHECK=<topology> (torchtpu.aot.check): every program also compiled for a TPU ---
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not os.environ.get("TORCHTPU_TPU_CHECK"):
+        return
+    import torchtpu.aot
+
+    r = torchtpu.aot.check_report(wait=True)
+    terminalreporter.write_line(
+        f"TPU check ({r['topology']}): {r['programs']} programs compiled for TPU in {r['seconds']:.1f} s, "
+        f"{r['failures']} failed; largest temp {r['max_temp_bytes']} B, peak {r['max_peak_bytes']} B")
+    for f in r["failed"]:
+        terminalreporter.write_line(f"  FAILED [{f['ops']}]: {f['error'].splitlines()[0][:300]}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import torchtpu.aot
+
+    if os.environ.get("TORCHTPU_TPU_CHECK") and torchtpu.aot.check_report(wait=True)["failures"]:
+        session.exitstatus = 1

@@ -60,6 +60,10 @@ def _register() -> None:
 
         distributed.register()
         _registered = True
+        if _env.TPU_CHECK.get():
+            from . import aot
+
+            aot.check(_env.TPU_CHECK.get(), strict=_env.TPU_CHECK_STRICT.get() not in ("", "0"))
         mode = _env.MODE.get()
         if mode and mode != "strict":
             set_mode(mode)
@@ -77,6 +81,9 @@ def metrics() -> dict:
 
     m["compile"] = _compile.metrics()
     m["mode"] = get_mode()
+    tc = _C._tpu_check_report(False)
+    tc["failed"] = len(tc["failed"])
+    m["tpu_check"] = tc
     return m
 
 

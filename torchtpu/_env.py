@@ -41,6 +41,11 @@ XLA_THREADS = _var("TORCHTPU_XLA_THREADS", "",
                    "threads of the XLA CPU client's intra-op pool (default: every CPU the process may use)")
 ASYNC_COMPILE = _var("TORCHTPU_ASYNC_COMPILE", "1",
                      "queue a launch whose program still compiles and dispatch on (0: wait for each compile)")
+TPU_CHECK = _var("TORCHTPU_TPU_CHECK", "",
+                 "also compile every new program for this Cloud TPU topology (e.g. v5e:1x1) with libtpu's "
+                 "compile-only mode; failures in torchtpu.aot.check_report()")
+TPU_CHECK_STRICT = _var("TORCHTPU_TPU_CHECK_STRICT", "0",
+                        "with TORCHTPU_TPU_CHECK: compile for the TPU at once and raise at the op whose program fails")
 CACHE_MAX_BYTES = _var("TORCHTPU_CACHE_MAX_BYTES", "8G", "size bound of the persistent cache (LRU eviction)")
 
 

@@ -134,6 +134,10 @@ class Builder {
   enum class Prec : uint8_t { kUser, kExact };
   enum class F32Precision : uint8_t { kHighest, kHigh, kDefault };
   void set_f32_precision(F32Precision p) { f32_precision_ = p; }
+  // The program is meant for (or also checked on) a TPU: lowerings refuse
+  // what XLA's TPU compiler rejects, by name, instead of a compile failure.
+  void set_tpu_target(bool on) { tpu_target_ = on; }
+  bool tpu_target() const { return tpu_target_; }
   F32Precision f32_precision() const { return f32_precision_; }
   // ", precision_config = [...]" for operands of these types, or "".
   std::string PrecisionAttr(ET a, ET b, Prec p = Prec::kUser) const;
@@ -152,6 +156,7 @@ class Builder {
   std::string body_;
   std::string indent_ = "    ";
   F32Precision f32_precision_ = F32Precision::kHighest;
+  bool tpu_target_ = false;
 };
 
 }  // namespace tt::hlo

@@ -35,6 +35,10 @@ void CheckDtype(const LowerCtx& c, ET et, bool complex, const char* what) {
   if (!ok)
     c.fail(std::string("tpu FFTs support ") + (complex ? "complex64/complex128" : "float32/float64") + " " +
            what + ", got " + hlo::ETName(et));
+  if (c.b.tpu_target() && (et == ET::C128 || et == ET::F64))
+    c.fail(std::string("a ") + (complex ? "complex128" : "float64") + " " + what +
+           " does not compile for TPU (XLA's TPU FFT takes float32/complex64 only): convert it with .to(" +
+           (complex ? "torch.complex64" : "torch.float32") + ") or run this FFT on the CPU");
 }
 
 // stablehlo.fft of `type` over `group` (dims of x, in order; at most 3):

@@ -562,7 +562,85 @@ ExecutablePtr Client::Deserialize(const std::string& bytes) {
   return std::make_shared<Executable>(api_, a.loaded_executable);
 }
 
-std::string DefaultCompileOptions(const std::string& platform, bool has_dots, bool legacy_emitters) {
+// ---------------------------------------------------------------- Topology
+Topology::Topology(const Api* api, const std::string& name) : api_(api), name_(name) {
+  if (!HAS_FN(api->raw(), PJRT_TopologyDescription_Create) || !HAS_FN(api->raw(), PJRT_Compile))
+    throw Error("PJRT plugin '" + api->path() + "' cannot compile for a topology without devices");
+  auto a = ARGS(PJRT_TopologyDescription_Create);
+  a.topology_name = name.data();
+  a.topology_name_size = name.size();
+  api->Check(api->raw()->PJRT_TopologyDescription_Create(&a), "PJRT_TopologyDescription_Create");
+  topo_ = a.topology;
+}
+
+Topology::~Topology() {
+  if (!topo_) return;
+  auto a = ARGS(PJRT_TopologyDescription_Destroy);
+  a.topology = topo_;
+  api_->raw()->PJRT_TopologyDescription_Destroy(&a);
+}
+
+size_t Topology::num_devices() const {
+  auto a = ARGS(PJRT_TopologyDescription_GetDeviceDescriptions);
+  a.topology = topo_;
+  api_->Check(api_->raw()->PJRT_TopologyDescription_GetDeviceDescriptions(&a),
+              "PJRT_TopologyDescription_GetDeviceDescriptions");
+  return a.num_descriptions;
+}
+
+std::string Topology::platform_name() const {
+  auto a = ARGS(PJRT_TopologyDescription_PlatformName);
+  a.topology = topo_;
+  api_->Check(api_->raw()->PJRT_TopologyDescription_PlatformName(&a), "PJRT_TopologyDescription_PlatformName");
+  return std::string(a.platform_name, a.platform_name_size);
+}
+
+std::string Topology::platform_version() const {
+  auto a = ARGS(PJRT_TopologyDescription_PlatformVersion);
+  a.topology = topo_;
+  api_->Check(api_->raw()->PJRT_TopologyDescription_PlatformVersion(&a),
+              "PJRT_TopologyDescription_PlatformVersion");
+  return std::string(a.platform_version, a.platform_version_size);
+}
+
+CompiledStats Topology::Compile(const std::string& text, const std::string& options) const {
+  auto p = MakeArgs<PJRT_Program>(PJRT_Program_STRUCT_SIZE);
+  p.code = const_cast<char*>(text.data());
+  p.code_size = text.size();
+  static const char kFormat[] = "mlir";
+  p.format = kFormat;
+  p.format_size = 4;
+  auto a = ARGS(PJRT_Compile);
+  a.topology = topo_;
+  a.program = &p;
+  a.compile_options = options.data();
+  a.compile_options_size = options.size();
+  a.client = nullptr;
+  api_->Check(api_->raw()->PJRT_Compile(&a), "PJRT_Compile");
+  CompiledStats st;
+  PJRT_Error* err = nullptr;
+  if (HAS_FN(api_->raw(), PJRT_Executable_GetCompiledMemoryStats)) {
+    auto m = ARGS(PJRT_Executable_GetCompiledMemoryStats);
+    m.executable = a.executable;
+    err = api_->raw()->PJRT_Executable_GetCompiledMemoryStats(&m);
+    if (!err) {
+      st.code = m.generated_code_size_in_bytes;
+      st.argument = m.argument_size_in_bytes;
+      st.output = m.output_size_in_bytes;
+      st.alias = m.alias_size_in_bytes;
+      st.temp = m.temp_size_in_bytes;
+      st.peak = m.peak_memory_in_bytes;
+    }
+  }
+  auto d = ARGS(PJRT_Executable_Destroy);
+  d.executable = a.executable;
+  api_->raw()->PJRT_Executable_Destroy(&d);
+  api_->Check(err, "PJRT_Executable_GetCompiledMemoryStats");
+  return st;
+}
+
+std::string DefaultCompileOptions(const std::string& platform, bool has_dots, bool legacy_emitters,
+                                  int num_replicas) {
   // CompileOptionsProto { executable_build_options (3) { num_replicas (4) = 1,
   //                                                      num_partitions (5) = 1 },
   //                       compile_portable_executable (4) = true }
@@ -570,6 +648,11 @@ std::string DefaultCompileOptions(const std::string& platform, bool has_dots, bo
   // the one device this process drives (not necessarily device 0).
   static const char kBytes[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01, 0x20, 0x01};
   std::string out(kBytes, sizeof(kBytes));
+  if (num_replicas > 1) {  // a replicated program runs on the device assignment's devices: not portable
+    if (num_replicas > 127) throw Error("num_replicas " + std::to_string(num_replicas) + " > 127");
+    out[3] = (char)num_replicas;
+    out.resize(6);
+  }
   // XLA debug-option overrides: TORCHTPU_XLA_OPTIONS="name=value,name=value"
   // (env_option_overrides, field 7: map<string, OptionOverrideProto>).
   std::string spec;

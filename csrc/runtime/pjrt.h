@@ -195,6 +195,34 @@ class Client {
   std::vector<PJRT_Device*> devices_;
 };
 
+// What a compiled program needs of a device's memory
+// (PJRT_Executable_GetCompiledMemoryStats, xla::CompiledMemoryStats).
+struct CompiledStats {
+  int64_t code = 0, argument = 0, output = 0, alias = 0, temp = 0, peak = 0;
+};
+
+// A device topology of a plugin that compiles without devices, such as
+// libtpu's compile-only mode: PJRT_TopologyDescription_Create("v5e:2x2"),
+// then PJRT_Compile with no client. Nothing runs; the result is the memory
+// the program would need (or the plugin's reason it cannot compile).
+class Topology {
+ public:
+  Topology(const Api* api, const std::string& name);  // throws Error
+  Topology(const Topology&) = delete;
+  Topology& operator=(const Topology&) = delete;
+  ~Topology();
+  const Api* api() const { return api_; }
+  const std::string& name() const { return name_; }
+  size_t num_devices() const;
+  std::string platform_name() const;
+  std::string platform_version() const;
+  CompiledStats Compile(const std::string& mlir_text, const std::string& options) const;  // throws Error
+ private:
+  const Api* api_;
+  std::string name_;
+  PJRT_TopologyDescription* topo_ = nullptr;
+};
+
 // Serialized xla.CompileOptionsProto (num_replicas = num_partitions = 1,
 // hand-encoded protobuf wire format) for `platform` (PJRT_Client_PlatformName:
 // "cpu", "cuda", "tpu") with the overrides of TORCHTPU_XLA_OPTIONS; `has_dots`:
@@ -202,8 +230,9 @@ class Client {
 // `legacy_emitters`: XLA:CPU's elemental IR emitter instead of the fusion
 // emitters (xla_cpu_use_fusion_emitters=false) unless TORCHTPU_XLA_OPTIONS
 // sets that option.
+// `num_replicas` > 1: a replicated (SPMD over replicas) program; then not portable.
 std::string DefaultCompileOptions(const std::string& platform = "", bool has_dots = true,
-                                  bool legacy_emitters = false);
+                                  bool legacy_emitters = false, int num_replicas = 1);
 
 size_t ElementSize(PJRT_Buffer_Type t);
 

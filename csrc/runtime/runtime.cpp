@@ -2,6 +2,7 @@
 #include <xmmintrin.h>
 #endif
 #include "runtime.h"
+#include "tpu_check.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -179,6 +180,8 @@ class XlaThreadLimit {
 
 void Runtime::Start(const Config& c) {
   const pjrt::Api* api = pjrt::Api::Load(c.plugin_path);
+  if (std::string problem = StableHloVersionProblem(api->Attributes(), c.plugin_path); !problem.empty())
+    throw pjrt::Error("torchtpu: " + problem);
   std::vector<pjrt::CreateOption> opts;
   int xla_threads = 0;
   if (c.plugin_name == "cpu") {
@@ -409,6 +412,7 @@ pjrt::ExecutablePtr Runtime::Build(const std::string& text, bool op_program) {
     DiskCacheStore(GetConfig().cache_dir, *exe, fingerprint_, text, options);
     GetMetrics().disk_store_ns += NowNs() - t1;
   }
+  TpuCheckProgram(text);  // TORCHTPU_TPU_CHECK: also for a TPU topology (tpu_check.h)
   if (!t_compile_thread) GetMetrics().host_build_ns += NowNs() - t0;
   return exe;
 }

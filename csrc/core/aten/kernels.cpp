@@ -728,7 +728,7 @@ void NativeKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   // metadata, or records one (plan.h).
   PlanRecorder plan;
   std::string plan_key;
-  if (mode == Mode::Strict && PlansEnabled()) {
+  if (mode == Mode::Strict && PlansEnabled() && !CapturingPrograms()) {
     std::lock_guard<std::recursive_mutex> g(Region::Lock());
     if (Region::Current().pristine()) {
       plan_key = key;

@@ -8,6 +8,7 @@
 #include "core/device/generator.h"
 #include "plan.h"
 #include "runtime/runtime.h"
+#include "runtime/tpu_check.h"
 #include "core/device/storage.h"
 
 #include <torch/csrc/autograd/autograd.h>
@@ -218,6 +219,81 @@ PYBIND11_MODULE(_C, m) {
     d["executable_cache_entries"] = tt::Started() ? (int64_t)tt::Runtime::Get().cache_size() : 0;
     return d;
   });
+  // ---- compiling for a TPU topology (runtime/tpu_check.h) ----
+  auto stats_dict = [](const tt::pjrt::CompiledStats& st) {
+    py::dict d;
+    d["code_bytes"] = st.code;
+    d["argument_bytes"] = st.argument;
+    d["output_bytes"] = st.output;
+    d["alias_bytes"] = st.alias;
+    d["temp_bytes"] = st.temp;
+    d["peak_bytes"] = st.peak;
+    return d;
+  };
+  m.def("_tpu_check_configure", [](const std::string& plugin, const std::string& topology, bool strict) {
+    py::gil_scoped_release nogil;
+    try {
+      tt::ConfigureTpuCheck(plugin, topology, strict);
+    } catch (const tt::pjrt::Error& e) {
+      throw std::runtime_error(e.what());
+    }
+  });
+  m.def("_tpu_check_report", [](bool wait) {
+    tt::TpuCheckReport r;
+    {
+      py::gil_scoped_release nogil;
+      r = tt::GetTpuCheckReport(wait);
+    }
+    py::dict d;
+    d["topology"] = r.topology;
+    d["programs"] = r.programs;
+    d["failures"] = r.failures;
+    d["pending"] = r.pending;
+    d["seconds"] = r.seconds;
+    d["max_temp_bytes"] = r.max_temp;
+    d["max_argument_bytes"] = r.max_argument;
+    d["max_output_bytes"] = r.max_output;
+    d["max_peak_bytes"] = r.max_peak;
+    py::list failed;
+    for (auto& f : r.failed)
+      failed.append(py::dict(py::arg("error") = f.error, py::arg("ops") = f.ops, py::arg("program") = f.text));
+    d["failed"] = failed;
+    return d;
+  });
+  m.def("_tpu_check_reset", &tt::ResetTpuCheckReport);
+  m.def("_tpu_compile", [stats_dict](const std::string& plugin, const std::string& topology, const std::string& text,
+                                     int num_replicas) {
+    tt::AotResult r;
+    {
+      py::gil_scoped_release nogil;
+      r = tt::CompileFor(plugin, topology, text, num_replicas);
+    }
+    py::dict d = stats_dict(r.stats);
+    d["ok"] = r.ok;
+    d["error"] = r.error;
+    d["seconds"] = r.seconds;
+    return d;
+  });
+  m.def("_tpu_describe", [](const std::string& plugin, const std::string& topology) {
+    tt::TopologyInfo info;
+    try {
+      py::gil_scoped_release nogil;
+      info = tt::DescribeTopology(plugin, topology);
+    } catch (const tt::pjrt::Error& e) {
+      throw std::runtime_error(e.what());
+    }
+    py::dict d, attrs;
+    d["topology"] = info.topology;
+    d["num_devices"] = info.num_devices;
+    d["platform_name"] = info.platform_name;
+    d["platform_version"] = info.platform_version;
+    d["plugin_path"] = info.plugin_path;
+    for (auto& kv : info.attributes) attrs[py::str(kv.first)] = kv.second;
+    d["plugin_attributes"] = attrs;
+    return d;
+  });
+  m.def("_capture_programs_start", &tt::StartProgramCapture);
+  m.def("_capture_programs_stop", &tt::StopProgramCapture);
   m.def("_push_warmup", &tt::PushWarmup);
   m.def("_pop_warmup", &tt::PopWarmup);
   m.def("_set_host_tier_runs", &tt::SetHostTierRuns);

@@ -19,6 +19,7 @@
 #include "events.h"
 #include "core/device/generator.h"
 #include "runtime/runtime.h"
+#include "runtime/tpu_check.h"
 
 namespace tt {
 
@@ -193,6 +194,7 @@ std::recursive_mutex& Region::Lock() {
 
 void Region::Reset() {
   b_ = std::make_unique<hlo::Builder>();
+  b_->set_tpu_target(GetConfig().plugin_name == "tpu" || TpuCheckOn());
   args_.clear();
   arg_src_.clear();
   buf_args_.clear();
@@ -417,6 +419,25 @@ int Region::AddResult(Value v) {
   return (int)extra_.size() - 1;
 }
 
+namespace {
+std::atomic<bool> g_capturing{false};
+std::vector<std::string> g_captured;  // under Region::Lock()
+}  // namespace
+
+void StartProgramCapture() {
+  std::lock_guard<std::recursive_mutex> g(Region::Lock());
+  g_captured.clear();
+  g_capturing = true;
+}
+
+std::vector<std::string> StopProgramCapture() {
+  std::lock_guard<std::recursive_mutex> g(Region::Lock());
+  g_capturing = false;
+  return std::move(g_captured);
+}
+
+bool CapturingPrograms() { return g_capturing.load(std::memory_order_relaxed); }
+
 char Region::MatmulPrecisionKey() {
   switch (at::globalContext().float32MatmulPrecision()) {
     case at::Float32MatmulPrecision::HIGH: return 'H';
@@ -616,6 +637,7 @@ std::vector<pjrt::BufferPtr> Region::Flush(bool wait, const char* reason) {
   Metrics& mt = GetMetrics();
   int64_t t0 = NowNs();
   std::string text = b_->Finish(results);
+  if (g_capturing.load(std::memory_order_relaxed)) g_captured.push_back(text);
   std::vector<pjrt::BufferPtr> args = std::move(args_);
   std::vector<Record::Arg> arg_src = std::move(arg_src_);
   Reset();

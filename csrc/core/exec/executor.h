@@ -85,6 +85,12 @@ class HostTierScope {
   bool prev_;
 };
 
+// torchtpu.aot: the text of every program flushed while capturing (plans and
+// compiled-graph plans are bypassed meanwhile, so each program is built).
+void StartProgramCapture();
+std::vector<std::string> StopProgramCapture();
+bool CapturingPrograms();
+
 class Region {
  public:
   static Region& Current();  // the process-wide region (guarded by Lock())

@@ -363,7 +363,7 @@ std::vector<at::Tensor> RunGraph(Graph& g, const std::vector<py::object>& inputs
   std::string key = SignatureKey(g, inputs, in_tensors, states);
   key += Region::MatmulPrecisionKey();
   GetMetrics().Native("compiled_graph");
-  for (size_t i = 0; i < g.plans.size(); ++i) {
+  for (size_t i = 0; i < g.plans.size() && !CapturingPrograms(); ++i) {
     if (g.plans[i]->key != key) continue;
     std::shared_ptr<Plan> p = g.plans[i];
     if (i) std::rotate(g.plans.begin(), g.plans.begin() + i, g.plans.begin() + i + 1);
