@@ -14,8 +14,11 @@ PY=${PYTHON:-python3}
 BUILD_ARGS=()
 # torchtitan 0.3.0 needs torch 2.14: its trainer tests (tests/test_titan.py, ~2 min) run in the
 # 2.14 tier, which installs the titan extra; on 2.13 and 2.15 they skip (no torchtitan).
-EXTRAS=test
+# The 2.13 tier also installs libtpu (the tpu extra): its mode subset compiles every
+# program for a Cloud TPU v5e as well (TORCHTPU_TPU_CHECK, docs/design.md "What runs where").
+EXTRAS=test,tpu
 if [ "$TORCH" != "2.13.0" ]; then
+  EXTRAS=test
   [ "$TORCH" = "2.14.1" ] && EXTRAS=test,titan
   if [ -z "${PYTHON:-}" ]; then
     VENV=${TORCHTPU_TORCH_VENV:-$HOME/.cache/torchtpu/venv-torch$TORCH}
@@ -53,7 +56,12 @@ $PY -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:--m "not slow"} tests
 if [ -z "${PYTEST_ARGS:-}" ] && [ "$TORCH" = "2.13.0" ]; then
   for mode in defer_and_fuse debug; do
     echo "== TORCHTPU_MODE=$mode"
-    TORCHTPU_MODE=$mode $PY -m pytest -q -p no:cacheprovider -m "not slow" \
+    CHECK=(env)
+    # every program of the defer_and_fuse subset must compile for TPU v5e: strict, the failing op raises
+    if [ "$mode" = defer_and_fuse ]; then
+      CHECK=(env TORCHTPU_TPU_CHECK=v5e:1x1 TORCHTPU_TPU_CHECK_STRICT=1 ALLOW_MULTIPLE_LIBTPU_LOAD=1)
+    fi
+    "${CHECK[@]}" TORCHTPU_MODE=$mode $PY -m pytest -q -p no:cacheprovider -m "not slow" \
       tests/test_basic.py tests/test_views.py tests/test_copy.py tests/test_ops_nn.py tests/test_ops_train.py
   done
 fi
