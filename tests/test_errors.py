@@ -45,7 +45,11 @@ def test_missing_plugin(pyrun, plugin, pattern):
     for l in lines:
         assert re.search(pattern, l), l
     if plugin == "tpu":
-        assert all("pip install libtpu" in l for l in lines), out
+        import importlib.util
+
+        # libtpu absent: how to install it; present (torchtpu[tpu] on a host with no TPU): no hang, no TPU here
+        hint = "pip install libtpu" if importlib.util.find_spec("libtpu") is None else "this host has no TPU"
+        assert all(hint in l for l in lines), out
     assert "CPU [2.0, 2.0]" in out
 
 

@@ -25,6 +25,13 @@ def configure() -> None:
     except ImportError as e:  # reported on first use of the device
         plugin_error = e
         plugin_kind, plugin_path = None, ""
+    if plugin_kind == "tpu" and not hardware_present():
+        # libtpu would ask the cloud metadata server for minutes, then fail
+        plugin_error = ImportError(
+            "torchtpu: TORCHTPU_PLUGIN=tpu but this host has no TPU (no /dev/accel* or /dev/vfio device): "
+            "it needs a Cloud TPU VM; elsewhere use TORCHTPU_PLUGIN=cpu or cuda (libtpu still compiles for a "
+            "TPU topology here: torchtpu.aot)")
+        plugin_kind, plugin_path = None, ""
     try:
         index = physical_index(_env.VISIBLE_DEVICES.get(), os.environ.get("LOCAL_RANK"), requested_index)
     except ValueError as e:  # reported on first use of the device, like a missing plugin
@@ -57,6 +64,18 @@ def physical_index(visible: str, local_rank: str | None, requested: int | None) 
         raise ValueError(f"torchtpu: device slot {slot} (LOCAL_RANK or torch.tpu.set_device) is out of range "
                          f"for TORCHTPU_VISIBLE_DEVICES={visible!r} ({len(devs)} devices)")
     return devs[slot]
+
+
+def hardware_present() -> bool:
+    """Whether the chosen plugin's devices can exist on this host, without starting
+    the plugin (CUDA's is_available() creates no context either): libtpu needs a
+    TPU VM's accelerator device nodes (/dev/accel*, or /dev/vfio/N on newer chips).
+    An installed libtpu on another host (torchtpu.aot compiles with it) is no device."""
+    import glob
+
+    if plugin_kind == "tpu":
+        return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+    return True
 
 
 def ensure_started() -> None:

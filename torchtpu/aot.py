@@ -87,9 +87,10 @@ def compile_text(text: str, topology: str = "v5e:1x1", num_replicas: int = 1) ->
 def check(topology: str | None, strict: bool = False) -> None:
     """Compile every program this process compiles from now on for ``topology`` too
     (None or "" stops). ``strict``: at once, raising at the op whose program fails."""
-    from . import _C, _ensure_started
+    from . import _C
+    from ._device import ensure_started
 
-    _ensure_started()
+    ensure_started()
     if not topology:
         _C._tpu_check_configure("", "", False)
         return
@@ -151,9 +152,10 @@ def memory(fn, *args, topology: str = "v5e:1x1", **kwargs):
     Eager ops compile on first sight for the capture (no host tier), op plans
     and compiled-graph plans are bypassed so each program's text is seen;
     ``fn`` runs as it would otherwise (same results)."""
-    from . import _C, _ensure_started
+    from . import _C
+    from ._device import ensure_started
 
-    _ensure_started()
+    ensure_started()
     path, topology = libtpu_path(), _topology(topology)
     torch.tpu.synchronize()
     torch.tpu.reset_peak_memory_stats()
