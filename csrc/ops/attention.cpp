@@ -284,5 +284,76 @@ std::vector<Value> FlashBackward(LowerCtx& c) {
 }
 TT_LOWERINGS(({"aten::_flash_attention_backward"}), FlashBackward);
 
+// torch.nn.attention.varlen's custom ops (torch_attn::_varlen_attn and its
+// backward), which stay opaque in compiled graphs (torchtitan's varlen
+// attention): the flash-attention lowerings above, with their arguments in
+// the flash ops' order. max_q / max_k are not read (the kernel is dense), so
+// a graph where they are symbolic still lowers (torchtpu/compile/lower.py).
+Arg NoneArg() { return Arg(); }
+Arg DoubleArg(double d) {
+  Arg a;
+  a.kind = Arg::Double;
+  a.d = d;
+  return a;
+}
+Arg BoolArg(bool v) {
+  Arg a;
+  a.kind = Arg::Bool;
+  a.b = v;
+  return a;
+}
+Arg IntArg(int64_t v) {
+  Arg a;
+  a.kind = Arg::Int;
+  a.i = v;
+  return a;
+}
+// window_size (int[2]? ; None or [-1, -1]: unbounded) as two ints
+void WindowArgs(const LowerCtx& c, size_t i, std::vector<Arg>& out) {
+  std::vector<int64_t> w = c.has(i) ? c.ints(i) : std::vector<int64_t>{-1, -1};
+  if (w.size() != 2) c.fail("window_size must have two entries (left, right)");
+  out.push_back(IntArg(w[0]));
+  out.push_back(IntArg(w[1]));
+}
+
+// _varlen_attn(q, k, v, cu_seq_q, cu_seq_k?, max_q, max_k, is_causal, scale?, window_size?,
+//   enable_gqa, seqused_k?, block_table?, num_splits?) -> (output, lse, rng_state)
+std::vector<Value> VarlenForward(LowerCtx& c) {
+  if (!c.has(4)) c.fail("cu_seq_k is required on tpu (the same offsets as cu_seq_q for self-attention)");
+  if (c.has(11) || c.has(12)) c.fail("seqused_k and block_table are not supported on tpu");
+  std::vector<Arg> a{c.arg(0), c.arg(1), c.arg(2), c.arg(3), c.arg(4), c.arg(5), c.arg(6), DoubleArg(0.0),
+                     c.has(7) ? c.arg(7) : BoolArg(false), BoolArg(false), c.has(8) ? c.arg(8) : NoneArg()};
+  WindowArgs(c, 9, a);
+  a.push_back(NoneArg());  // seqused_k
+  a.push_back(NoneArg());  // alibi_slopes
+  a.push_back(NoneArg());  // block_table
+  a.push_back(NoneArg());  // num_splits
+  static const std::vector<std::string> kNames{"query", "key", "value", "cum_seq_q", "cum_seq_k", "max_q", "max_k",
+                                               "dropout_p", "is_causal", "return_debug_mask", "scale",
+                                               "window_size_left", "window_size_right", "seqused_k",
+                                               "alibi_slopes", "block_table", "num_splits"};
+  // the flash op's outputs: output, logsumexp, rng_state (u64[2]), unused, debug mask
+  std::vector<Type> outs{c.out(0), c.out(1), c.out(2), Type(ET::U64, {0}), Type(c.out(0).et, {0})};
+  LowerCtx f{c.b, c.op, std::move(a), kNames, outs, {}};
+  std::vector<Value> r = FlashForward(f);
+  return {r[0], r[1], r[2]};
+}
+TT_GRAPH_LOWERINGS(({"torch_attn::_varlen_attn"}), VarlenForward);
+
+// _varlen_attn_backward(grad_out, q, k, v, out, lse, cu_seq_q, cu_seq_k, max_q, max_k, is_causal,
+//   rng_state, scale?, window_size?) -> (dq, dk, dv)
+std::vector<Value> VarlenBackward(LowerCtx& c) {
+  std::vector<Arg> a{c.arg(0), c.arg(1), c.arg(2), c.arg(3), c.arg(4), c.arg(5), c.arg(6), c.arg(7), c.arg(8),
+                     c.arg(9), DoubleArg(0.0), c.arg(10), c.arg(11), NoneArg(), c.has(12) ? c.arg(12) : NoneArg()};
+  WindowArgs(c, 13, a);
+  static const std::vector<std::string> kNames{"grad_out", "query", "key", "value", "out", "logsumexp",
+                                               "cum_seq_q", "cum_seq_k", "max_q", "max_k", "dropout_p",
+                                               "is_causal", "philox_seed", "philox_offset", "scale",
+                                               "window_size_left", "window_size_right"};
+  LowerCtx f{c.b, c.op, std::move(a), kNames, c.outs, {}};
+  return FlashBackward(f);
+}
+TT_GRAPH_LOWERINGS(({"torch_attn::_varlen_attn_backward"}), VarlenBackward);
+
 }  // namespace
 }  // namespace tt::ops

@@ -40,6 +40,19 @@ def _et(dtype: torch.dtype) -> int:
     return _ET[dtype]
 
 
+# Int arguments no lowering reads (the dense flash-attention lowerings ignore the
+# longest sequence lengths): a symbolic value there (torchtitan's
+# VarlenMetadata.max_q, a Python int that changes with each batch, which
+# Dynamo's automatic dynamic shapes turns into a graph input) does not keep
+# the graph from lowering.
+_UNREAD_INT_ARGS = {
+    "aten::_flash_attention_forward": ("max_q", "max_k"),
+    "aten::_flash_attention_backward": ("max_q", "max_k"),
+    "torch_attn::_varlen_attn": ("max_q", "max_k"),
+    "torch_attn::_varlen_attn_backward": ("max_q", "max_k"),
+}
+
+
 def _is_symbolic(x) -> bool:
     if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return True
@@ -102,6 +115,8 @@ class _Lowerer:
         # input in the program). Off for the Inductor device pass (its op's outputs may not alias).
         self.alias_views = alias_views
         self.alias_outputs: list[tuple[int, int, list[int], list[int], int]] = []
+        # int outputs: (output index, input index or None, constant)
+        self.int_outputs: list[tuple[int, int | None, int | None]] = []
         self.cpu_updates = None  # (fn, its input indices, mutated input indices) for CPU inputs updated in place
 
     def new(self) -> int:
@@ -182,7 +197,9 @@ class _Lowerer:
         placeholders = [n for n in g.nodes if n.op == "placeholder"]
         for n in placeholders:
             val = n.meta.get("val")
-            if _is_symbolic(val):
+            # a symbolic int input is a scalar program argument (its uses decide whether
+            # the graph lowers); a tensor with symbolic sizes is a dynamic shape
+            if _is_symbolic(val) and not isinstance(val, torch.SymInt):
                 raise Unsupported("dynamic shapes")
             i = self.new()
             self.ids[n] = i
@@ -237,6 +254,9 @@ class _Lowerer:
                         a = sa.default_value
                     else:
                         a = None
+                    if sa.name in _UNREAD_INT_ARGS.get(name, ()) and (isinstance(a, torch.fx.Node) or _is_symbolic(a)):
+                        specs.append(("i", -1))  # never read by the lowering
+                        continue
                     specs.append(self.arg_spec(sa.type, a))
                 val = n.meta.get("val")
                 vals = list(val) if isinstance(val, (tuple, list)) else [val]
@@ -268,10 +288,17 @@ class _Lowerer:
                         outputs.append(-1)
                         out_meta.append((0, [], []))
                         continue
-                    if not isinstance(o, torch.fx.Node):
-                        raise Unsupported("non-tensor graph output")
-                    v = o.meta.get("val")
-                    if not isinstance(v, torch.Tensor):
+                    v = o.meta.get("val") if isinstance(o, torch.fx.Node) else o
+                    if isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool) and (
+                            not isinstance(o, torch.fx.Node) or o in ph_index):
+                        # an int the forward graph hands to the backward (a symbolic max_q
+                        # input saved for backward): returned as given, next to the program
+                        outputs.append(-1)
+                        out_meta.append((0, [], []))
+                        self.int_outputs.append((len(outputs) - 1, ph_index[o] if o in ph_index else None,
+                                                 None if isinstance(o, torch.fx.Node) else int(o)))
+                        continue
+                    if not isinstance(o, torch.fx.Node) or not isinstance(v, torch.Tensor):
                         raise Unsupported("non-tensor graph output")
                     src = self._input_view_of(o, v, ph_index, {k for k, _ in mutations} | {k for k, _ in cpu_mut})
                     if src is not None:
@@ -293,7 +320,7 @@ class _Lowerer:
             self.cpu_updates = (fn, used, [k for k, _ in cpu_mut])
         return {"build": (self.next, input_ids, nodes, outputs, out_meta, mutations),
                 "constants": self.constants, "cpu_outputs": self.cpu_outputs, "cpu_updates": self.cpu_updates,
-                "alias_outputs": self.alias_outputs}
+                "alias_outputs": self.alias_outputs, "int_outputs": self.int_outputs}
 
     _VIEW_OPS = (torch.ops.aten.t.default, torch.ops.aten.permute.default, torch.ops.aten.transpose.int,
                  torch.ops.aten.view.default, torch.ops.aten.expand.default, torch.ops.aten.alias.default,
@@ -334,6 +361,7 @@ def _runner(program: dict, cpu_updates, make_eager):
     consts = program["constants"]
     cpu_outputs = program["cpu_outputs"]
     alias_outputs = program.get("alias_outputs", ())
+    int_outputs = program.get("int_outputs", ())
     dev_consts: list[torch.Tensor] = []
     state = {"eager": None}
 
@@ -365,6 +393,8 @@ def _runner(program: dict, cpu_updates, make_eager):
             out[k] = out[k].cpu()
         for k, i, size, stride, offset in alias_outputs:
             out[k] = ins[i].as_strided(size, stride, offset)
+        for k, i, const in int_outputs:
+            out[k] = ins[i] if i is not None else const
         args.clear()
         return out
 
