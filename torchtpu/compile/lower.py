@@ -53,6 +53,50 @@ _UNREAD_INT_ARGS = {
 }
 
 
+# Cumulative-offset arguments of varlen attention: op -> {argument: index of the
+# tokens tensor (total, heads, dim) whose first dimension they partition}.
+_OFFSET_ARGS = {
+    "torch_attn::_varlen_attn": {"cu_seq_q": 0, "cu_seq_k": 1},
+    "torch_attn::_varlen_attn_backward": {"cu_seq_q": 1, "cu_seq_k": 2},
+    "aten::_flash_attention_forward": {"cum_seq_q": 0, "cum_seq_k": 1},
+    "aten::_flash_attention_backward": {"cum_seq_q": 1, "cum_seq_k": 2},
+}
+
+
+def _offsets_bucket(n: torch.fx.Node) -> int | None:
+    """Static length for a 1-D integer input of symbolic length (the number of
+    documents in a packed batch changes with each batch) that only varlen
+    attention reads, as cumulative offsets (the graph may also return it for
+    the backward): one more than the tokens it partitions. At call time it is
+    padded with its last offset, i.e. empty documents, which change nothing, so
+    one program serves every batch. None: not such an input."""
+    val = n.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dim() != 1 or val.dtype not in (torch.int32, torch.int64):
+        return None
+    size = 0
+    for u in n.users:
+        if u.op == "output":
+            continue
+        if u.op != "call_function" or not isinstance(u.target, OpOverload):
+            return None
+        spec = _OFFSET_ARGS.get(op_name(u.target))
+        if spec is None:
+            return None
+        for k, sa in enumerate(u.target._schema.arguments):
+            a = u.args[k] if k < len(u.args) else u.kwargs.get(sa.name)
+            if a is not n:
+                continue
+            if sa.name not in spec:
+                return None
+            t = spec[sa.name]
+            tok = (u.args[t] if t < len(u.args) else None)
+            tv = tok.meta.get("val") if isinstance(tok, torch.fx.Node) else None
+            if not isinstance(tv, torch.Tensor) or _is_symbolic(tv):
+                return None
+            size = max(size, int(tv.shape[0]) + 1)
+    return size or None
+
+
 def _is_symbolic(x) -> bool:
     if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return True
@@ -115,7 +159,10 @@ class _Lowerer:
         # input in the program). Off for the Inductor device pass (its op's outputs may not alias).
         self.alias_views = alias_views
         self.alias_outputs: list[tuple[int, int, list[int], list[int], int]] = []
-        # int outputs: (output index, input index or None, constant)
+        # varlen offsets of symbolic length: (input index, static length), padded at call time
+        self.pad_inputs: list[tuple[int, int]] = []
+        # int outputs: (output index, input index or None, constant); an input is returned
+        # as the caller gave it (also a padded offsets input)
         self.int_outputs: list[tuple[int, int | None, int | None]] = []
         self.cpu_updates = None  # (fn, its input indices, mutated input indices) for CPU inputs updated in place
 
@@ -200,7 +247,10 @@ class _Lowerer:
             # a symbolic int input is a scalar program argument (its uses decide whether
             # the graph lowers); a tensor with symbolic sizes is a dynamic shape
             if _is_symbolic(val) and not isinstance(val, torch.SymInt):
-                raise Unsupported("dynamic shapes")
+                bucket = _offsets_bucket(n)
+                if bucket is None:
+                    raise Unsupported("dynamic shapes")
+                self.pad_inputs.append((len(input_ids), bucket))
             i = self.new()
             self.ids[n] = i
             input_ids.append(i)
@@ -289,6 +339,12 @@ class _Lowerer:
                         out_meta.append((0, [], []))
                         continue
                     v = o.meta.get("val") if isinstance(o, torch.fx.Node) else o
+                    if isinstance(o, torch.fx.Node) and o in ph_index and any(
+                            i == ph_index[o] for i, _ in self.pad_inputs):
+                        outputs.append(-1)  # the offsets as given, for the backward
+                        out_meta.append((0, [], []))
+                        self.int_outputs.append((len(outputs) - 1, ph_index[o], None))
+                        continue
                     if isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool) and (
                             not isinstance(o, torch.fx.Node) or o in ph_index):
                         # an int the forward graph hands to the backward (a symbolic max_q
@@ -320,7 +376,8 @@ class _Lowerer:
             self.cpu_updates = (fn, used, [k for k, _ in cpu_mut])
         return {"build": (self.next, input_ids, nodes, outputs, out_meta, mutations),
                 "constants": self.constants, "cpu_outputs": self.cpu_outputs, "cpu_updates": self.cpu_updates,
-                "alias_outputs": self.alias_outputs, "int_outputs": self.int_outputs}
+                "alias_outputs": self.alias_outputs, "int_outputs": self.int_outputs,
+                "pad_inputs": self.pad_inputs}
 
     _VIEW_OPS = (torch.ops.aten.t.default, torch.ops.aten.permute.default, torch.ops.aten.transpose.int,
                  torch.ops.aten.view.default, torch.ops.aten.expand.default, torch.ops.aten.alias.default,
@@ -362,6 +419,7 @@ def _runner(program: dict, cpu_updates, make_eager):
     cpu_outputs = program["cpu_outputs"]
     alias_outputs = program.get("alias_outputs", ())
     int_outputs = program.get("int_outputs", ())
+    pad_inputs = program.get("pad_inputs", ())
     dev_consts: list[torch.Tensor] = []
     state = {"eager": None}
 
@@ -376,6 +434,13 @@ def _runner(program: dict, cpu_updates, make_eager):
         ins = [a.to("tpu") if isinstance(a, torch.Tensor) and a.device.type == "cpu" and not _cpu_scalar(a)
                else a for a in args]
         new_cpu = cpu_updates[0](*[args[i] for i in cpu_updates[1]]) if cpu_updates else ()
+        given = list(ins)
+        for i, size in pad_inputs:
+            a = ins[i]
+            if a.shape[0] > size:  # empty documents beyond the tokens: the next power of two
+                size = 1 << (int(a.shape[0]) - 1).bit_length()
+            if a.shape[0] < size:
+                ins[i] = torch.cat([a, a[-1:].expand(size - a.shape[0])])
         try:
             out = _C._run_graph(graph, ins + dev_consts)
         except _C._LowerError as e:
@@ -394,7 +459,7 @@ def _runner(program: dict, cpu_updates, make_eager):
         for k, i, size, stride, offset in alias_outputs:
             out[k] = ins[i].as_strided(size, stride, offset)
         for k, i, const in int_outputs:
-            out[k] = ins[i] if i is not None else const
+            out[k] = given[i] if i is not None else const
         args.clear()
         return out
 
