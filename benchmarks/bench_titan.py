@@ -1,6 +1,6 @@
 """torchtitan's own trainer on tpu vs the same model's FSDP2 recipe on CPU/Gloo, in one run.
 
-    python benchmarks/bench_titan.py [--steps 8] [--trials 2] [--json out.json]
+    python benchmarks/bench_titan.py [--steps 8] [--trials 2] [--only titan_tpu_llama3,...] [--json out.json]
 
 Needs the `titan` extra (torchtitan 0.3.0, torch 2.14.1). Every run uses 2
 processes (torchrun, FSDP 2), sequence length 128, local batch 2 (4 sequences
@@ -9,6 +9,8 @@ per step), fp32 parameters:
   * titan_tpu_llama3: `torchrun -m torchtitan.train --module torchtpu.titan
     --config llama3_debugmodel` on tpu (the README command, shorter);
   * titan_tpu_qwen3: the same with `--config qwen3_debugmodel`;
+  * titan_tpu_llama3_compiled / titan_tpu_qwen3_compiled: the same with
+    `--compile.enable` (every block and the loss compiled by torchtpu);
   * recipe_cpu_llama3: `torchtpu.examples.train_llama --model debugmodel
     --device cpu` (torchtitan's llama3 debug model, FSDP2 over Gloo): the CPU
     reference. torchtitan itself cannot run on CPU unpatched (docs/titan.md);
@@ -72,14 +74,14 @@ def torchrun(*args):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={NPROC}", *args]
 
 
-def titan(tmp, config, steps):
+def titan(tmp, config, steps, *flags):
     run = tempfile.mkdtemp(dir=tmp)
     os.symlink(os.path.join(tmp, "tests"), os.path.join(run, "tests"))
     target = ["--no-python", sys.executable, "-c",
               "import torchtpu, runpy; runpy.run_module('torchtitan.train', run_name='__main__', alter_sys=True)"]
     out = _run(torchrun(*target, "--module", "torchtpu.titan", "--config", config, "--training.steps", str(steps),
                         "--training.seq_len", str(SEQ), "--training.local_batch_size", str(LOCAL_BATCH),
-                        "--metrics.log_freq", "1"), run, _env(tmp))
+                        "--metrics.log_freq", "1", *flags), run, _env(tmp))
     tps, mfu = {}, {}
     for line in out.splitlines():
         m = TITAN_STEP.search(line)
@@ -108,6 +110,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--trials", type=int, default=2)
+    ap.add_argument("--only", help="comma-separated run names (default: all)")
     ap.add_argument("--json")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="torchtpu-bench-titan-")
@@ -116,9 +119,16 @@ def main():
     runs = {
         "titan_tpu_llama3": lambda: titan(tmp, "llama3_debugmodel", a.steps),
         "titan_tpu_qwen3": lambda: titan(tmp, "qwen3_debugmodel", a.steps),
+        "titan_tpu_llama3_compiled": lambda: titan(tmp, "llama3_debugmodel", a.steps, "--compile.enable"),
+        "titan_tpu_qwen3_compiled": lambda: titan(tmp, "qwen3_debugmodel", a.steps, "--compile.enable"),
         "recipe_cpu_llama3": lambda: recipe(tmp, "cpu", a.steps),
         "recipe_tpu_llama3": lambda: recipe(tmp, "tpu", a.steps),
     }
+    if a.only:
+        unknown = set(a.only.split(",")) - set(runs)
+        if unknown:
+            raise SystemExit(f"unknown runs {sorted(unknown)}; choose from {sorted(runs)}")
+        runs = {k: f for k, f in runs.items() if k in a.only.split(",")}
     samples = {k: [] for k in runs}
     t0 = time.time()
     for _ in range(a.trials):  # runs take turns, so drift hits each alike
@@ -131,9 +141,14 @@ def main():
         tps = [x[0] for x in s]
         res[k] = {"tokens_per_s_per_device": statistics.median(tps), "min": min(tps), "max": max(tps),
                   "mfu_percent": statistics.median(x[1] for x in s)}
-    ref = res["recipe_cpu_llama3"]["tokens_per_s_per_device"]
-    for k in runs:
-        res[k]["vs_recipe_cpu"] = round(res[k]["tokens_per_s_per_device"] / ref, 3)
+    if "recipe_cpu_llama3" in res:
+        ref = res["recipe_cpu_llama3"]["tokens_per_s_per_device"]
+        for k in runs:
+            res[k]["vs_recipe_cpu"] = round(res[k]["tokens_per_s_per_device"] / ref, 3)
+    for m in ("llama3", "qwen3"):
+        if f"titan_tpu_{m}" in res and f"titan_tpu_{m}_compiled" in res:
+            res[f"titan_tpu_{m}_compiled"]["vs_eager"] = round(
+                res[f"titan_tpu_{m}_compiled"]["tokens_per_s_per_device"] / res[f"titan_tpu_{m}"]["tokens_per_s_per_device"], 3)
     report(res, a.json)
 
 
