@@ -167,6 +167,15 @@ def test_compile_enable_compiles_every_graph(assets, seed_checkpoint, single):
     same_run(single, compiled)
 
 
+def test_compile_enable_fsdp2_matches_single_process(assets, seed_checkpoint, single):
+    """Compiled blocks under FSDP 2 (graphs split at its collectives): the single process's losses."""
+    log = []
+    compiled = train(assets, "compiled_fsdp", 2, STEPS, *seed_checkpoint, "--compile.enable",
+                     env={"PYTHONWARNINGS": "always"}, log=log)
+    assert "running this graph eagerly" not in log[0], log[0][-6000:]
+    same_run(single, compiled)
+
+
 def test_fsdp2_matches_single_process(assets, seed_checkpoint, single):
     fsdp = train(assets, "fsdp", 2, STEPS, *seed_checkpoint)
     same_run(single, fsdp)
