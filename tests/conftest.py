@@ -104,6 +104,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         f"{r['failures']} failed; largest temp {r['max_temp_bytes']} B, peak {r['max_peak_bytes']} B")
     for f in r["failed"]:
         terminalreporter.write_line(f"  FAILED [{f['ops']}]: {f['error'].splitlines()[0][:300]}")
+    for sec, ops in r["slowest"]:
+        terminalreporter.write_line(f"  slowest: {sec:.2f} s [{ops[:200]}]")
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -135,12 +135,17 @@ print("value", y.item())
 r = aot.check_report(wait=True)
 m = torchtpu.metrics()["tpu_check"]
 print("report", r["topology"], r["programs"], r["failures"], r["pending"], m["programs"], r["max_output_bytes"])
+secs = [t for t, _ in r["slowest"]]
+print("slowest", len(secs), secs == sorted(secs, reverse=True), all(t > 0 for t in secs),
+      all("stablehlo" not in ops and ops for _, ops in r["slowest"]))
 """
     p = pyrun(code, env=dict(ENV, TORCHTPU_TPU_CHECK="v5e:1x1", TORCHTPU_HOST_TIER="0"), timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("report")][0].split()
     assert line[1] == "v5e:1x1" and int(line[2]) >= 3 and line[3] == "0" and line[4] == "0"
     assert int(line[5]) > 0
+    slow = [ln for ln in p.stdout.splitlines() if ln.startswith("slowest")][0].split()
+    assert slow[1] == str(min(5, int(line[2]))) and slow[2:] == ["True", "True", "True"], slow
 
 
 def test_strict_check_raises_naming_the_topology_and_the_op(pyrun):

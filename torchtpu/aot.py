@@ -99,7 +99,8 @@ def check(topology: str | None, strict: bool = False) -> None:
 
 def check_report(wait: bool = True, reset: bool = False) -> dict:
     """What the TPU check found: programs compiled, failures (the plugin's error, the
-    program's StableHLO ops and text), the largest temp/argument/output/peak bytes.
+    program's StableHLO ops and text), the largest temp/argument/output/peak bytes, and
+    the five programs slowest to compile for the TPU (``slowest``: seconds, ops).
     ``wait``: after the queued programs are compiled."""
     from . import _C
 

@@ -1,5 +1,6 @@
 #include "tpu_check.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -111,6 +112,11 @@ void Record(Check& c, const std::string& text, const AotResult& r) {
   TpuCheckReport& rep = c.report;
   rep.programs++;
   rep.seconds += r.seconds;
+  if (rep.slowest.size() < 5 || r.seconds > rep.slowest.back().first) {
+    rep.slowest.emplace_back(r.seconds, OpsOf(text));
+    std::sort(rep.slowest.begin(), rep.slowest.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    if (rep.slowest.size() > 5) rep.slowest.pop_back();
+  }
   if (r.ok) {
     rep.max_temp = std::max(rep.max_temp, r.stats.temp);
     rep.max_argument = std::max(rep.max_argument, r.stats.argument);

@@ -57,6 +57,8 @@ struct TpuCheckReport {
   double seconds = 0;
   int64_t max_temp = 0, max_argument = 0, max_output = 0, max_peak = 0;
   std::vector<TpuCheckFailure> failed;  // the first 32
+  // the programs slowest to compile for the TPU: (seconds, StableHLO ops), the 5 slowest
+  std::vector<std::pair<double, std::string>> slowest;
 };
 // Waits for the queued programs first when `wait`.
 TpuCheckReport GetTpuCheckReport(bool wait);

@@ -258,6 +258,9 @@ PYBIND11_MODULE(_C, m) {
     for (auto& f : r.failed)
       failed.append(py::dict(py::arg("error") = f.error, py::arg("ops") = f.ops, py::arg("program") = f.text));
     d["failed"] = failed;
+    py::list slowest;
+    for (auto& sl : r.slowest) slowest.append(py::make_tuple(sl.first, sl.second));
+    d["slowest"] = slowest;
     return d;
   });
   m.def("_tpu_check_reset", &tt::ResetTpuCheckReport);
