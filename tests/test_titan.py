@@ -157,20 +157,14 @@ def same_run(a, b, loss_tol=2e-4, gn_tol=1e-3):
         assert abs(g1 - g2) <= 2e-4 + gn_tol * abs(g1), (s, a, b)
 
 
-def test_compile_enable_compiles_every_graph(assets, seed_checkpoint, single):
-    """--compile.enable: every block graph and the loss become torchtpu programs (varlen attention
-    lowered, its changing max length and document count kept static), losses equal to eager."""
+@pytest.mark.parametrize("nproc", [1, 2], ids=["single", "fsdp2"])
+def test_compile_enable_compiles_every_graph(assets, seed_checkpoint, single, nproc):
+    """--compile.enable, on one process and under FSDP 2 (its collectives run in hooks outside the
+    compiled blocks): every block graph and the loss become torchtpu programs (varlen attention
+    lowered, its changing max length and document count kept static), losses equal to the eager
+    single process."""
     log = []
-    compiled = train(assets, "compiled", 1, STEPS, *seed_checkpoint, "--compile.enable",
-                     env={"PYTHONWARNINGS": "always"}, log=log)
-    assert "running this graph eagerly" not in log[0], log[0][-6000:]
-    same_run(single, compiled)
-
-
-def test_compile_enable_fsdp2_matches_single_process(assets, seed_checkpoint, single):
-    """Compiled blocks under FSDP 2 (graphs split at its collectives): the single process's losses."""
-    log = []
-    compiled = train(assets, "compiled_fsdp", 2, STEPS, *seed_checkpoint, "--compile.enable",
+    compiled = train(assets, f"compiled_{nproc}", nproc, STEPS, *seed_checkpoint, "--compile.enable",
                      env={"PYTHONWARNINGS": "always"}, log=log)
     assert "running this graph eagerly" not in log[0], log[0][-6000:]
     same_run(single, compiled)

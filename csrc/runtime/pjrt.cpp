@@ -27,6 +27,17 @@ T MakeArgs(size_t size) {
 }
 #define ARGS(T) MakeArgs<T##_Args>(T##_Args_STRUCT_SIZE)
 
+// A StableHLO module's text as a PJRT program (borrows `text`).
+PJRT_Program MlirProgram(const std::string& text) {
+  auto p = MakeArgs<PJRT_Program>(PJRT_Program_STRUCT_SIZE);
+  p.code = const_cast<char*>(text.data());
+  p.code_size = text.size();
+  static const char kFormat[] = "mlir";
+  p.format = kFormat;
+  p.format_size = 4;
+  return p;
+}
+
 // True if the plugin's PJRT_Api struct is large enough to contain `field`.
 #define HAS_FN(api, field) \
   (offsetof(PJRT_Api, field) + sizeof(void*) <= (api)->struct_size && (api)->field != nullptr)
@@ -537,12 +548,7 @@ BufferPtr Client::FromHost(const void* data, PJRT_Buffer_Type type,
 }
 
 ExecutablePtr Client::Compile(const std::string& text, const std::string& options) {
-  auto p = MakeArgs<PJRT_Program>(PJRT_Program_STRUCT_SIZE);
-  p.code = const_cast<char*>(text.data());
-  p.code_size = text.size();
-  static const char kFormat[] = "mlir";
-  p.format = kFormat;
-  p.format_size = 4;
+  PJRT_Program p = MlirProgram(text);
   auto a = ARGS(PJRT_Client_Compile);
   a.client = client_;
   a.program = &p;
@@ -604,12 +610,7 @@ std::string Topology::platform_version() const {
 }
 
 CompiledStats Topology::Compile(const std::string& text, const std::string& options) const {
-  auto p = MakeArgs<PJRT_Program>(PJRT_Program_STRUCT_SIZE);
-  p.code = const_cast<char*>(text.data());
-  p.code_size = text.size();
-  static const char kFormat[] = "mlir";
-  p.format = kFormat;
-  p.format_size = 4;
+  PJRT_Program p = MlirProgram(text);
   auto a = ARGS(PJRT_Compile);
   a.topology = topo_;
   a.program = &p;

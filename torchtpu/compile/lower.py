@@ -40,26 +40,17 @@ def _et(dtype: torch.dtype) -> int:
     return _ET[dtype]
 
 
-# Int arguments no lowering reads (the dense flash-attention lowerings ignore the
-# longest sequence lengths): a symbolic value there (torchtitan's
-# VarlenMetadata.max_q, a Python int that changes with each batch, which
-# Dynamo's automatic dynamic shapes turns into a graph input) does not keep
-# the graph from lowering.
-_UNREAD_INT_ARGS = {
-    "aten::_flash_attention_forward": ("max_q", "max_k"),
-    "aten::_flash_attention_backward": ("max_q", "max_k"),
-    "torch_attn::_varlen_attn": ("max_q", "max_k"),
-    "torch_attn::_varlen_attn_backward": ("max_q", "max_k"),
-}
-
-
-# Cumulative-offset arguments of varlen attention: op -> {argument: index of the
-# tokens tensor (total, heads, dim) whose first dimension they partition}.
-_OFFSET_ARGS = {
-    "torch_attn::_varlen_attn": {"cu_seq_q": 0, "cu_seq_k": 1},
-    "torch_attn::_varlen_attn_backward": {"cu_seq_q": 1, "cu_seq_k": 2},
-    "aten::_flash_attention_forward": {"cum_seq_q": 0, "cum_seq_k": 1},
-    "aten::_flash_attention_backward": {"cum_seq_q": 1, "cum_seq_k": 2},
+# Varlen attention's ops: (1) the int arguments no lowering reads (the dense
+# flash-attention lowerings ignore the longest sequence lengths), so a symbolic
+# value there (torchtitan's VarlenMetadata.max_q, a Python int that changes with
+# each batch, which Dynamo's automatic dynamic shapes turns into a graph input)
+# does not keep the graph from lowering; (2) the cumulative-offset arguments ->
+# index of the tokens tensor (total, heads, dim) whose first dimension they partition.
+_VARLEN_ARGS = {
+    "torch_attn::_varlen_attn": (("max_q", "max_k"), {"cu_seq_q": 0, "cu_seq_k": 1}),
+    "torch_attn::_varlen_attn_backward": (("max_q", "max_k"), {"cu_seq_q": 1, "cu_seq_k": 2}),
+    "aten::_flash_attention_forward": (("max_q", "max_k"), {"cum_seq_q": 0, "cum_seq_k": 1}),
+    "aten::_flash_attention_backward": (("max_q", "max_k"), {"cum_seq_q": 1, "cum_seq_k": 2}),
 }
 
 
@@ -79,7 +70,7 @@ def _offsets_bucket(n: torch.fx.Node) -> int | None:
             continue
         if u.op != "call_function" or not isinstance(u.target, OpOverload):
             return None
-        spec = _OFFSET_ARGS.get(op_name(u.target))
+        spec = _VARLEN_ARGS.get(op_name(u.target), ((), None))[1]
         if spec is None:
             return None
         for k, sa in enumerate(u.target._schema.arguments):
@@ -304,7 +295,7 @@ class _Lowerer:
                         a = sa.default_value
                     else:
                         a = None
-                    if sa.name in _UNREAD_INT_ARGS.get(name, ()) and (isinstance(a, torch.fx.Node) or _is_symbolic(a)):
+                    if sa.name in _VARLEN_ARGS.get(name, ((),))[0] and (isinstance(a, torch.fx.Node) or _is_symbolic(a)):
                         specs.append(("i", -1))  # never read by the lowering
                         continue
                     specs.append(self.arg_spec(sa.type, a))
@@ -339,20 +330,16 @@ class _Lowerer:
                         out_meta.append((0, [], []))
                         continue
                     v = o.meta.get("val") if isinstance(o, torch.fx.Node) else o
-                    if isinstance(o, torch.fx.Node) and o in ph_index and any(
-                            i == ph_index[o] for i, _ in self.pad_inputs):
-                        outputs.append(-1)  # the offsets as given, for the backward
-                        out_meta.append((0, [], []))
-                        self.int_outputs.append((len(outputs) - 1, ph_index[o], None))
-                        continue
-                    if isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool) and (
-                            not isinstance(o, torch.fx.Node) or o in ph_index):
-                        # an int the forward graph hands to the backward (a symbolic max_q
-                        # input saved for backward): returned as given, next to the program
+                    given = isinstance(o, torch.fx.Node) and o in ph_index and (
+                        any(i == ph_index[o] for i, _ in self.pad_inputs)
+                        or isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool))
+                    if given or isinstance(o, int) and not isinstance(o, bool):
+                        # an input the forward graph hands to the backward as the caller gave it
+                        # (padded offsets, a symbolic max_q), or an int constant: next to the program
                         outputs.append(-1)
                         out_meta.append((0, [], []))
-                        self.int_outputs.append((len(outputs) - 1, ph_index[o] if o in ph_index else None,
-                                                 None if isinstance(o, torch.fx.Node) else int(o)))
+                        self.int_outputs.append((len(outputs) - 1, ph_index[o] if given else None,
+                                                 None if given else o))
                         continue
                     if not isinstance(o, torch.fx.Node) or not isinstance(v, torch.Tensor):
                         raise Unsupported("non-tensor graph output")
