@@ -32,6 +32,10 @@ def dump(tmp_path, monkeypatch):
     prev = torch.get_float32_matmul_precision()
 
     def programs(fn):
+        # Strict mode compiles in background threads and a program is dumped
+        # when its compile starts: let earlier compiles finish (and dump)
+        # before clearing, or a late one lands in this call's programs.
+        torch.tpu.synchronize()
         for p in tmp_path.iterdir():
             p.unlink()
         out = fn()
