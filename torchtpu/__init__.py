@@ -44,6 +44,7 @@ def _register() -> None:
         torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
                                                              for_packed_sequence=True, for_storage=True)
         from .quant import ops as _quant_ops  # noqa: F401  torchtpu:: op schemas, bound natively next
+        from . import paged as _paged  # noqa: F401  torchtpu::paged_attention
         _C._register_kernels()
         # At exit, before the interpreter (and then the plugin's own statics) go:
         # compiles not started are cancelled, running ones finished, queued

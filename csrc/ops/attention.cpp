@@ -355,5 +355,143 @@ std::vector<Value> VarlenBackward(LowerCtx& c) {
 }
 TT_GRAPH_LOWERINGS(({"torch_attn::_varlen_attn_backward"}), VarlenBackward);
 
+
+// ---- ragged paged attention (torchtpu::paged_attention; torchtpu/paged.py) ----
+// paged_attention(query [T, H, D], kv_cache [NB, BS, Hkv, D + Dv] (keys | values
+//   along the last axis), query_start_loc [R+1], seq_lens [R], block_tables [R, W],
+//   float scale, int sliding_window=0, float soft_cap=0.0, Tensor? sinks) -> [T, H, Dv]
+// Request r's query tokens are rows query_start_loc[r] .. query_start_loc[r+1]-1, the last
+// of its seq_lens[r] tokens; token i of it sits at position seq_lens[r] - qlen_r + i and
+// attends its request's keys 0..pos (inside the window), read through block table row r.
+// Rows past query_start_loc[R] (padding) give zeros. The cache is read a chunk of blocks at
+// a time in a stablehlo.while with an online softmax (f32), for as many chunks as the
+// longest request needs (computed in the program): memory does not grow with the context.
+
+// vec[idx] for a 1-D vec and idx [T] (clamped), or rows of a 2-D table.
+Value TakeRows(Builder& b, Value x, Value idx) {
+  int64_t k = idx.type.numel();
+  idx = b.Reshape(b.Convert(idx, ET::S64), {k, 1});
+  Dims offs, slice = x.dims(), rd = x.dims();
+  slice[0] = 1;
+  rd[0] = k;
+  for (int d = 1; d < x.rank(); ++d) offs.push_back(d);
+  return b.Op1("stablehlo.gather", {x, idx}, Type(x.et(), rd),
+               "dimension_numbers = #stablehlo.gather<offset_dims = " + hlo::IntList(offs) +
+                   ", collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, slice_sizes = " +
+                   hlo::I64Array(slice) + ", indices_are_sorted = false");
+}
+
+std::vector<Value> PagedAttention(LowerCtx& c) {
+  Builder& b = c.b;
+  Value q = c.t(0), cache = c.t(1), qsl = c.t(2), seq = c.t(3), bt = c.t(4);
+  if (q.rank() != 3) c.fail("query must be 3-D (tokens, heads, head_size)");
+  if (cache.rank() != 4) c.fail("kv_cache must be 4-D (blocks, block_size, kv_heads, head_size + head_size_v)");
+  if (qsl.rank() != 1 || seq.rank() != 1 || bt.rank() != 2 || qsl.dims()[0] != seq.dims()[0] + 1 ||
+      bt.dims()[0] != seq.dims()[0])
+    c.fail("query_start_loc [R+1], seq_lens [R] and block_tables [R, W] must agree on R");
+  const int64_t T = q.dims()[0], H = q.dims()[1], D = q.dims()[2];
+  const int64_t BS = cache.dims()[1], Hkv = cache.dims()[2], Cw = cache.dims()[3], Dv = Cw - D;
+  const int64_t R = seq.dims()[0], W = bt.dims()[1];
+  if (Hkv == 0 || H % Hkv) c.fail("query heads must be a multiple of the cache's kv heads");
+  if (Dv <= 0) c.fail("kv_cache's last dimension must hold head_size keys and the values after them");
+  const int64_t G = H / Hkv, window = c.i64_or(6, 0);
+  const double cap = c.f64_or(7, 0.0);
+  const Type ot = c.out();
+  if (T == 0 || R == 0 || W == 0) return {b.Zeros(ot)};
+
+  // per token: its request (R: none), position, the first key position it sees
+  Docs d = VarlenDocs(b, qsl, qsl, T);
+  Value valid = b.Compare(d.doc, b.Splat(Type(ET::S64, {T}), (double)R), "LT");
+  Value r = b.Min(d.doc, b.Splat(Type(ET::S64, {T}), (double)(R - 1)));
+  Value seq_t = TakeRows(b, b.Convert(seq, ET::S64), r);
+  Value pos = b.Add(b.Sub(seq_t, d.len), d.rel);  // [T]
+  Value zero_t = b.Zeros(Type(ET::S64, {T}));
+  Value lo = window > 0 ? b.Max(b.Sub(pos, b.Splat(Type(ET::S64, {T}), (double)(window - 1))), zero_t) : zero_t;
+
+  // keys per iteration: about 128, at most 2^22 gathered elements, whole blocks
+  int64_t nb = std::max<int64_t>(1, 128 / std::max<int64_t>(BS, 1));
+  nb = std::min(nb, std::max<int64_t>(1, (int64_t(1) << 22) / std::max<int64_t>(1, T * BS * Hkv * Cw)));
+  nb = std::min(nb, W);
+  const int64_t K = nb * BS, Wp = (W + nb - 1) / nb * nb;
+  Value bt_t = TakeRows(b, b.Convert(bt, ET::S64), r);  // [T, W]
+  if (Wp != W) bt_t = b.Pad(bt_t, b.Zeros(Type(ET::S64, {})), {0, 0}, {0, Wp - W}, {0, 0});
+
+  // chunks [first, end): over the valid tokens
+  Value Ks = b.Splat(Type(ET::S64, {T}), (double)K);
+  Value big = b.Splat(Type(ET::S64, {T}), (double)(Wp / nb));
+  Value need = b.Div(b.Add(pos, b.Splat(Type(ET::S64, {T}), (double)K)), Ks);  // ceil((pos+1)/K)
+  need = b.Select(valid, b.Min(need, big), zero_t);
+  Value first = b.Select(valid, b.Div(lo, Ks), big);
+  Value s64 = b.Zeros(Type(ET::S64, {}));
+  Value end = b.Reduce(need, s64, {0}, "maximum");
+  Value start = b.Min(b.Reduce(first, b.Splat(Type(ET::S64, {}), (double)(Wp / nb)), {0}, "minimum"), end);
+
+  ET ct = q.et() == ET::F64 ? ET::F64 : ET::F32;
+  Value q4 = b.Reshape(q, {T, Hkv, G, D});
+  if (q.et() != cache.et()) q4 = Cast(b, q4, cache.et());
+  Value scale = c.num_arg(5, ct);
+  Type mt(ct, {T, Hkv, G}), at(ct, {T, Hkv, G, Dv});
+  const double kNegBig = -1e30;
+
+  hlo::Region cond, body;
+  cond.arg_types = {Type(ET::S64, {}), mt, mt, at};
+  cond.body = [end](Builder& b, const std::vector<Value>& a) {
+    return std::vector<Value>{b.Compare(a[0], end, "LT")};
+  };
+  body.arg_types = cond.arg_types;
+  body.body = [&, mt, at](Builder& b, const std::vector<Value>& a) {
+    Value j = a[0], m = a[1], l = a[2], acc = a[3];
+    Value col = b.Mul(j, b.Splat(Type(ET::S64, {}), (double)nb));
+    Value blk = b.Op1("stablehlo.dynamic_slice", {bt_t, s64, col}, Type(ET::S64, {T, nb}),
+                      "slice_sizes = " + hlo::I64Array({T, nb}));
+    Value idx = b.Reshape(blk, {T, nb, 1});
+    Value kv = b.Op1("stablehlo.gather", {cache, idx}, Type(cache.et(), {T, nb, BS, Hkv, Cw}),
+                     "dimension_numbers = #stablehlo.gather<offset_dims = [2, 3, 4], collapsed_slice_dims = [0], "
+                     "start_index_map = [0], index_vector_dim = 2>, slice_sizes = " +
+                         hlo::I64Array({1, BS, Hkv, Cw}) + ", indices_are_sorted = false");
+    kv = b.Reshape(kv, {T, K, Hkv, Cw});
+    Value k = b.SliceDim(kv, 3, 0, D), v = Cast(b, b.SliceDim(kv, 3, D, Cw), ct);
+    // key positions of this chunk, and which of them each token sees
+    Value kpos = b.Add(b.Broadcast(b.Mul(col, b.Splat(Type(ET::S64, {}), (double)BS)), {T, K}, {}),
+                       b.Iota(Type(ET::S64, {T, K}), 1));
+    Value see = b.Binary("and", b.Compare(kpos, b.Broadcast(pos, {T, K}, {0}), "LE"),
+                         b.Compare(kpos, b.Broadcast(lo, {T, K}, {0}), "GE"));
+    see = b.Binary("and", see, b.Broadcast(valid, {T, K}, {0}));
+    Value s = DotG(b, q4, k, {0, 1}, {0, 2}, {3}, {3}, ct);  // [T, Hkv, G, K]
+    s = b.Mul(s, b.Broadcast(scale, s.dims(), {}));
+    if (cap != 0) {
+      Value cv = b.Splat(s.type, cap);
+      s = b.Mul(b.Unary("tanh", b.Div(s, cv)), cv);
+    }
+    Value see4 = b.Broadcast(see, s.dims(), {0, 3});
+    s = b.Select(see4, s, b.Splat(s.type, -std::numeric_limits<double>::infinity()));
+    Value mn = b.Max(m, b.Reduce(s, b.Splat(Type(ct, {}), kNegBig), {3}, "maximum"));
+    Value p = b.Unary("exponential", b.Sub(s, b.Broadcast(mn, s.dims(), {0, 1, 2})));
+    Value alpha = b.Unary("exponential", b.Sub(m, mn));
+    Value ln = b.Add(b.Mul(l, alpha), b.Reduce(p, b.Zeros(Type(ct, {})), {3}, "add"));
+    // values of unseen keys may be anything (stale or empty blocks): zero them
+    v = b.Select(b.Broadcast(see, v.dims(), {0, 1}), v, b.Zeros(v.type));
+    Value pv = DotG(b, p, v, {0, 1}, {0, 2}, {3}, {1}, ct);  // [T, Hkv, G, Dv]
+    Value accn = b.Add(b.Mul(acc, b.Broadcast(alpha, at.dims, {0, 1, 2})), pv);
+    return std::vector<Value>{b.Add(j, b.Splat(Type(ET::S64, {}), 1.0)), mn, ln, accn};
+  };
+  std::vector<Value> res = b.Op("stablehlo.while", {start, b.Splat(mt, kNegBig), b.Zeros(mt), b.Zeros(at)},
+                                {Type(ET::S64, {}), mt, mt, at}, "", {cond, body});
+  Value m = res[1], l = res[2], acc = res[3];
+  if (c.has(8)) {  // attention sinks: one logit per head in every denominator
+    Value sink = b.Broadcast(b.Reshape(Cast(b, c.t(8), ct), {Hkv, G}), mt.dims, {1, 2});
+    Value mf = b.Max(m, sink);
+    Value alpha = b.Unary("exponential", b.Sub(m, mf));
+    l = b.Add(b.Mul(l, alpha), b.Unary("exponential", b.Sub(sink, mf)));
+    acc = b.Mul(acc, b.Broadcast(alpha, at.dims, {0, 1, 2}));
+  }
+  Value pos_l = b.Compare(l, b.Zeros(mt), "GT");
+  Value safe = b.Select(pos_l, l, b.Splat(mt, 1.0));
+  Value out = b.Div(acc, b.Broadcast(safe, at.dims, {0, 1, 2}));
+  out = b.Select(b.Broadcast(pos_l, at.dims, {0, 1, 2}), out, b.Zeros(at));
+  return {Cast(b, b.Reshape(out, {T, H, Dv}), ot.et)};
+}
+TT_LOWERINGS(({"torchtpu::paged_attention"}), PagedAttention);
+
 }  // namespace
 }  // namespace tt::ops
