@@ -1,30 +1,33 @@
-"""Paged attention for vLLM on "tpu", in plain torch ops (each runs natively on the device).
+"""Paged attention for vLLM on "tpu": torchtpu's one paged-attention op (torchtpu/paged.py).
 
 KV cache of one layer: a tensor ``[num_blocks, block_size, num_kv_heads, head_size + head_size_v]``
 (keys then values along the last axis), handed to vLLM as its logical ``[B, H, N, C]`` view
-(layout LBNHC). Token ``t`` of a request lives in slot ``block_table[t // block_size] * block_size
-+ t % block_size`` of the flattened ``[num_blocks * block_size, H, C]`` view.
+(layout LBNHC); :func:`kv_base` is the tensor itself again.
 
-* write: ``index_copy_`` of the step's keys|values into their slots (``do_kv_cache_update``;
-  vLLM calls it before ``forward``, ``forward_includes_kv_cache_update = False``);
-* read: a batch of mixed prefill and decode requests is laid out request-major, padded to
-  ``[R, Q]`` query rows and ``[R, S]`` key slots (R, Q and S rounded up to powers of two so few
-  shapes recur); the keys of each request are gathered through its block table, and a mask
-  gives causality (key position <= query position), the request's length and the sliding
-  window. GQA groups the query heads of each KV head. Softmax in float32.
+* write: :func:`torchtpu.paged.write_kv` of the step's keys|values into their slots
+  (``do_kv_cache_update``; vLLM calls it before ``forward``, ``forward_includes_kv_cache_update
+  = False``);
+* read: ``torch.ops.torchtpu.paged_attention`` over the whole (padded) batch: one program per
+  layer in eager steps, one node of the step's graph in compiled steps (torchtpu/vllm/compiler.py).
 
-The metadata builder does the host-side index arithmetic once per step and KV-cache group.
+The metadata builder makes the per-step metadata fixed-shape tensors: ``query_start_loc``
+``[R+1]`` and ``seq_lens`` ``[R]`` with R = ``max_num_seqs`` (padding requests: no rows, length
+0; uploaded as one host array) and vLLM's block table padded to R rows (its width is already
+``max_model_len / block_size``). Their shapes never change, so the op's program depends on the
+token count only, and a compiled step's program on its token bucket only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 import torch
 
+from torchtpu.paged import paged_attention, write_kv
 from vllm.v1.attention.backend import (
     AttentionBackend,
+    AttentionCGSupport,
     AttentionImpl,
     AttentionMetadata,
     AttentionMetadataBuilder,
@@ -48,8 +51,9 @@ def ensure_registered() -> None:
         register_backend(BACKEND_NAME, BACKEND_QUALNAME)
 
 
-def _pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+def kv_base(kv_cache: torch.Tensor) -> torch.Tensor:
+    """[B, H, N, C] (the LBNHC view vLLM holds) -> the [B, N, H, C] cache tensor (same storage)."""
+    return kv_cache.permute(0, 2, 1, 3)
 
 
 class TpuPagedAttentionBackend(AttentionBackend):
@@ -100,33 +104,14 @@ class TpuPagedAttentionBackend(AttentionBackend):
 class TpuPagedAttentionMetadata(AttentionMetadata):
     num_actual_tokens: int
     num_reqs: int
-    q_rows: int           # R (padded)
-    q_len: int            # Q (padded)
-    kv_len: int           # S (padded)
-    q_index: torch.Tensor  # [R*Q] int64: row of the flat query per padded slot
-    tok_src: torch.Tensor  # [T] int64: padded slot (r*Q + i) of each actual token
-    kv_slots: torch.Tensor  # [R*S] int64: KV cache slot of key position j of request r
-    allowed: torch.Tensor   # [R, 1, 1, Q, S] bool: causal
-    q_pos: np.ndarray | None = None     # [R, Q] int64 host positions of the query slots
-    _window_masks: dict = field(default_factory=dict)
-
-    def mask(self, window: int | None) -> torch.Tensor:
-        """``allowed`` for a layer with sliding window ``window`` (None: full attention). A model
-        mixing sliding and full layers (Gemma2/3) may have them in one KV cache group, one
-        builder; each layer's own window is applied here, built on the host once per step and
-        window."""
-        if window is None:
-            return self.allowed
-        m = self._window_masks.get(window)
-        if m is None:
-            key_pos = np.arange(self.kv_len, dtype=np.int64)
-            ok = key_pos[None, None, :] > self.q_pos[:, :, None] - window
-            m = self.allowed & torch.from_numpy(ok).to(self.allowed.device).view(self.allowed.shape)
-            self._window_masks[window] = m
-        return m
+    query_start_loc: torch.Tensor  # [R+1] int32 (padding requests repeat the last offset)
+    seq_lens: torch.Tensor         # [R] int32 (padding requests: 0)
+    block_table: torch.Tensor      # [R, W] int32
 
 
 class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentionMetadata]):
+    # Every batch (mixed prefill and decode) runs inside one compiled step program.
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.ALWAYS
     reorder_batch_threshold: int | None = None
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
@@ -135,48 +120,30 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
         # The group spec's sliding_window is a KV-management hint: with the hybrid KV cache
         # manager off, vLLM merges sliding and full layers into one FullAttentionSpec carrying
         # the window (kv_cache_interface.py FullAttentionSpec.merge). Each layer applies its
-        # own window (TpuPagedAttentionMetadata.mask); ``allowed`` is causal only.
-        self._arange_bs = torch.arange(self.block_size, dtype=torch.int64, device=device)
+        # own window (TpuPagedAttentionImpl).
+        sched = getattr(vllm_config, "scheduler_config", None)
+        self.max_reqs = sched.max_num_seqs if sched is not None else 0
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> TpuPagedAttentionMetadata:
         cm = common_attn_metadata
         n_req, n_tok = cm.num_reqs, cm.num_actual_tokens
-        qsl = cm.query_start_loc_cpu[: n_req + 1].numpy().astype(np.int64)
+        R = max(self.max_reqs, n_req)
+        qsl = cm.query_start_loc_cpu[: n_req + 1].numpy().astype(np.int32)
         if cm.seq_lens_cpu_upper_bound is not None:  # exact without async spec decode (off here)
-            seq = cm.seq_lens_cpu_upper_bound[:n_req].numpy().astype(np.int64)
+            seq = cm.seq_lens_cpu_upper_bound[:n_req].numpy().astype(np.int32)
         else:
-            seq = cm.seq_lens[:n_req].cpu().numpy().astype(np.int64)
-        qlens = qsl[1:] - qsl[:-1]
-        bs = self.block_size
-        rows, q_len = _pow2(n_req), _pow2(int(qlens.max()) if n_req else 1)
-        table = cm.block_table_tensor
-        n_blocks = min(_pow2(-(-int(seq.max() if n_req else 1) // bs)), table.shape[1])
-        kv_len = n_blocks * bs
-
-        tok_r = np.repeat(np.arange(n_req, dtype=np.int64), qlens)
-        tok_i = np.arange(n_tok, dtype=np.int64) - qsl[tok_r]
-        q_index = np.zeros((rows, q_len), dtype=np.int64)
-        q_pos = np.zeros((rows, q_len), dtype=np.int64)  # padding rows attend key 0 only
-        q_index[tok_r, tok_i] = np.arange(n_tok, dtype=np.int64)
-        q_pos[tok_r, tok_i] = seq[tok_r] - qlens[tok_r] + tok_i
-        tok_src = tok_r * q_len + tok_i
-        row_idx = np.zeros(rows, dtype=np.int64)
-        row_idx[:n_req] = np.arange(n_req)
-
-        dev = self.device
-        key_pos = np.arange(kv_len, dtype=np.int64)
-        allowed = key_pos[None, None, :] <= q_pos[:, :, None]
-        allowed_t = torch.from_numpy(allowed).to(dev).view(rows, 1, 1, q_len, kv_len)
-
-        row_idx_t = torch.from_numpy(row_idx).to(dev)
-        blocks = table.index_select(0, row_idx_t)[:, :n_blocks].to(torch.int64)
-        kv_slots = (blocks.unsqueeze(-1) * bs + self._arange_bs).reshape(rows * kv_len)
-        return TpuPagedAttentionMetadata(
-            num_actual_tokens=n_tok, num_reqs=n_req, q_rows=rows, q_len=q_len, kv_len=kv_len,
-            q_index=torch.from_numpy(q_index.reshape(-1)).to(dev),
-            tok_src=torch.from_numpy(tok_src).to(dev),
-            kv_slots=kv_slots, allowed=allowed_t, q_pos=q_pos)
+            seq = cm.seq_lens[:n_req].cpu().numpy().astype(np.int32)
+        host = np.zeros(2 * R + 1, dtype=np.int32)  # query_start_loc | seq_lens, one upload
+        host[: n_req + 1] = qsl
+        host[n_req + 1: R + 1] = qsl[-1] if n_req else 0
+        host[R + 1: R + 1 + n_req] = seq
+        dev = torch.from_numpy(host).to(self.device)
+        table = cm.block_table_tensor[:n_req].to(torch.int32)
+        if table.shape[0] < R:
+            table = torch.nn.functional.pad(table, (0, 0, 0, R - table.shape[0]))
+        return TpuPagedAttentionMetadata(num_actual_tokens=n_tok, num_reqs=n_req, query_start_loc=dev[: R + 1],
+                                         seq_lens=dev[R + 1:], block_table=table)
 
 
 class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):
@@ -213,20 +180,9 @@ class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):
         # attention sinks (gpt-oss): one learned logit per head, in every softmax's denominator
         self.sinks = sinks
 
-    @staticmethod
-    def _flat(kv_cache: torch.Tensor) -> torch.Tensor:
-        """[B, H, N, C] (an LBNHC view of a [B, N, H, C] tensor) -> [B*N, H, C] view of the storage."""
-        base = kv_cache.permute(0, 2, 1, 3)
-        return base.view(base.shape[0] * base.shape[1], base.shape[2], base.shape[3])
-
     def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor,
                            kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        n = slot_mapping.shape[0]
-        flat = self._flat(kv_cache)
-        # Padded tokens carry slot -1: send them to block 0, vLLM's null block (never read).
-        slots = torch.where(slot_mapping >= 0, slot_mapping, 0).to(torch.int64)
-        kv = torch.cat([key[:n], value[:n]], dim=-1).to(flat.dtype)
-        flat.index_copy_(0, slots, kv)
+        write_kv(kv_base(kv_cache), key, value, slot_mapping)
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: TpuPagedAttentionMetadata | None,
@@ -237,30 +193,9 @@ class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):
         if attn_metadata is None:  # profiling run without attention metadata
             return output.fill_(0)
         m = attn_metadata
-        n_tok = m.num_actual_tokens
-        rows, q_len, kv_len = m.q_rows, m.q_len, m.kv_len
-        h, hkv, g, d = self.num_heads, self.num_kv_heads, self.num_queries_per_kv, self.head_size
-        dv = output.shape[-1]
-
-        q = query[:n_tok].index_select(0, m.q_index)                       # [R*Q, H, D]
-        q = q.view(rows, q_len, hkv, g, d).permute(0, 2, 3, 1, 4)          # [R, Hkv, G, Q, D]
-        kv = self._flat(kv_cache).index_select(0, m.kv_slots)              # [R*S, Hkv, D+Dv]
-        kv = kv.view(rows, kv_len, hkv, kv.shape[-1]).permute(0, 2, 1, 3)  # [R, Hkv, S, D+Dv]
-        k = kv[..., :d].unsqueeze(2)                                       # [R, Hkv, 1, S, D]
-        v = kv[..., d:].unsqueeze(2)                                       # [R, Hkv, 1, S, Dv]
-
-        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * self.scale  # [R, Hkv, G, Q, S]
-        if self.logits_soft_cap is not None:
-            scores = torch.tanh(scores / self.logits_soft_cap) * self.logits_soft_cap
-        scores = scores.masked_fill(~m.mask(self.sliding_window), float("-inf"))
-        if self.sinks is not None:
-            sink = self.sinks.float().view(1, hkv, g, 1, 1).expand(*scores.shape[:-1], 1)
-            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
-        else:
-            probs = torch.softmax(scores, dim=-1)
-        out = torch.matmul(probs, v.float())                               # [R, Hkv, G, Q, Dv]
-        out = out.permute(0, 3, 1, 2, 4).reshape(rows * q_len, h, dv)       # [R*Q, H, Dv]
-        output[:n_tok].copy_(out.index_select(0, m.tok_src).to(output.dtype))
+        out = paged_attention(query, kv_base(kv_cache), m.query_start_loc, m.seq_lens, m.block_table,
+                              self.scale, self.sliding_window or 0, self.logits_soft_cap or 0.0, self.sinks)
+        output.copy_(out)
         return output
 
 
