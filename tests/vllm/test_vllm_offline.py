@@ -127,27 +127,54 @@ def test_greedy_matches_hf_fp32(tmp_path, llama, mode):
     assert res["native_executions"] > 0
 
 
-@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
-def test_compiled_steps(tmp_path, llama, mode):
-    """enforce_eager=False: vLLM's own piecewise torch.compile (graph split at the attention
-    ops) with torchtpu's compiler for every piece, steps padded to vLLM's capture sizes. The
-    same prompts four times on one engine: HF's tokens every time, each piece compiled at
-    warm-up for every bucket (a 2-layer model: 3 pieces) and no new program while serving."""
+@pytest.mark.parametrize("mode,graph", [("strict", "full"), ("defer_and_fuse", "full"), ("strict", "piecewise")])
+def test_compiled_steps(tmp_path, llama, mode, graph):
+    """enforce_eager=False: vLLM's own torch.compile with torchtpu's compiler, steps padded to
+    vLLM's capture sizes (1, 2, 4, ..., 128 = max_num_batched_tokens: 8 buckets). The same
+    prompts four times on one engine: HF's tokens every time and no new program while serving.
+
+    full (the default): the whole model one graph, its attention torchtpu's paged ops with the
+    step's metadata as inputs: one program per bucket. piecewise (splitting_ops given): vLLM's
+    graph split at the attention ops (a 2-layer model: 3 pieces), attention eager between."""
     d, model, tok = llama
     ref = tiny.hf_greedy(model, tok, PROMPTS, MAX_TOKENS)
+    cc = {}
+    if graph == "piecewise":  # vLLM's attention ops (all of them, as vLLM requires) as split points
+        from vllm.config import CompilationConfig
+
+        cc = {"splitting_ops": CompilationConfig._attention_ops + ["vllm::unified_kv_cache_update"]}
     res = run_llm(tmp_path, {"model": d, "batches": [PROMPTS] * 4,
-                             "llm_kwargs": dict(LLM_KWARGS, enforce_eager=False), "sampling": GREEDY}, mode=mode)
+                             "llm_kwargs": dict(LLM_KWARGS, enforce_eager=False, compilation_config=cc),
+                             "sampling": GREEDY}, mode=mode)
     for b in res["batches"]:
         assert b["token_ids"] == ref
         assert b["piece_programs"] == 0, [x["piece_programs"] for x in res["batches"]]
     comp = res["vllm_compiler"]
-    assert comp["pieces"] == 3, comp
-    # capture sizes 1, 2, 4, ..., 128 (max_num_batched_tokens): 8 buckets per piece
-    assert comp["programs"] == 3 * 8, comp
-    assert comp["calls"] > 3 * 4 * MAX_TOKENS, comp
-    # the eager parts between the pieces (attention, sampler) have seen every shape by then
+    pieces = 1 if graph == "full" else 3
+    assert comp["pieces"] == pieces and comp["full_graphs"] == (graph == "full"), comp
+    assert comp["programs"] == pieces * 8, comp
+    assert comp["calls"] > pieces * 4 * MAX_TOKENS, comp
+    # the eager parts (input preparation, sampler; attention when piecewise) have seen every
+    # shape by then
     assert res["batches"][-1]["compiles"] == 0, [b["compiles"] for b in res["batches"]]
     assert res["cpu_fallbacks"] == {}, res["cpu_fallbacks"]
+
+
+def test_full_graph_step_is_three_programs(tmp_path, llama):
+    """Full-graph steps: a decode step runs the model's program and two fused programs (the
+    runner's input preparation; logits and sampler), the step's eager work in defer_and_fuse
+    whatever the process's mode; a second identical batch compiles nothing. Four prompts (one
+    batch, max_num_seqs 4): MAX_TOKENS steps each."""
+    d, model, tok = llama
+    prompts = PROMPTS[:4]
+    ref = tiny.hf_greedy(model, tok, prompts, MAX_TOKENS)
+    res = run_llm(tmp_path, {"model": d, "batches": [prompts] * 2,
+                             "llm_kwargs": dict(LLM_KWARGS, enforce_eager=False), "sampling": GREEDY})
+    first, second = res["batches"]
+    assert first["token_ids"] == ref and second["token_ids"] == ref
+    assert second["compiles"] == 0, second
+    assert second["executions"] <= 3 * MAX_TOKENS, second["executions"]
+    assert res["vllm_compiler"]["eager_calls"] <= 2, res["vllm_compiler"]  # vLLM's profiling runs only
 
 
 def test_chunked_prefill_and_prefix_cache(tmp_path, llama):

@@ -667,7 +667,8 @@ def run(spec: dict) -> dict:
 
         batches = []
         for prompts in spec["batches"]:
-            compiles = torchtpu.metrics()["compiles"]  # this process's (0 with an engine-core process)
+            m0 = torchtpu.metrics()
+            compiles = m0["compiles"]  # this process's (0 with an engine-core process)
             programs = _piece_programs()
             lora = None
             if spec.get("lora"):  # one LoRARequest (or None) per prompt: [name, id, path]
@@ -677,6 +678,10 @@ def run(spec: dict) -> dict:
             outs = llm.generate(prompts, sp, use_tqdm=False, lora_request=lora)
             batches.append({
                 "compiles": torchtpu.metrics()["compiles"] - compiles,
+                "executions": torchtpu.metrics()["executions"] - m0["executions"],  # device programs run
+                "host_tier_ops": {k: v - m0["host_tier_ops"].get(k, 0)
+                                  for k, v in torchtpu.metrics()["host_tier_ops"].items()
+                                  if v != m0["host_tier_ops"].get(k, 0)},
                 "piece_programs": _piece_programs() - programs,  # compiled steps' new programs
                 "prompt_token_ids": [list(o.prompt_token_ids) for o in outs],
                 "token_ids": [list(o.outputs[0].token_ids) for o in outs],

@@ -44,7 +44,7 @@ class TpuPlatform(Platform):
     simple_compile_backend: str = "eager"
     supported_quantization: list[str] = []
     additional_env_vars: list[str] = ["TORCHTPU_PLUGIN", "TORCHTPU_MEMORY_LIMIT", "TORCHTPU_MODE",
-                                      "TORCHTPU_VISIBLE_DEVICES", "TORCHTPU_CACHE_DIR"]
+                                      "TORCHTPU_VISIBLE_DEVICES", "TORCHTPU_CACHE_DIR", "TORCHTPU_VLLM_STEP_MODE"]
 
     @property
     def supported_dtypes(self) -> list[torch.dtype]:
@@ -130,6 +130,12 @@ class TpuPlatform(Platform):
         # would be traced into the graph with one step's attention metadata baked in (vLLM
         # drops Dynamo's guards): every later step would attend with the first step's layout.
         return True
+
+    @classmethod
+    def graph_pool_handle(cls):
+        """vLLM's CUDAGraphWrapper asks for a graph memory pool when built (the runner builds one
+        by name for full-graph steps, then replaced by tpu's wrapper, worker.py): there is none."""
+        return None
 
     @classmethod
     def get_static_graph_wrapper_cls(cls) -> str:
@@ -236,9 +242,14 @@ class TpuPlatform(Platform):
                         and getattr(pc, name) is not False:
                     setattr(pc, name, False)
             if cc.mode == CompilationMode.VLLM_COMPILE:
-                # Attention runs eagerly between the pieces (its shapes are bucketed by the
-                # backend itself); a FULL graph would need it inside one program.
-                if cc.cudagraph_mode != CUDAGraphMode.NONE:
+                if cc.splitting_ops is None and cc.cudagraph_mode != CUDAGraphMode.NONE:
+                    # Full-graph steps: the whole model one graph (no split at attention), its
+                    # attention rewritten into torchtpu's paged ops with the step's metadata as
+                    # inputs (compiler.py): one program per token bucket.
+                    cc.splitting_ops = []
+                    cc.cudagraph_mode = CUDAGraphMode.FULL
+                elif cc.cudagraph_mode != CUDAGraphMode.NONE:
+                    # splitting_ops given: vLLM's piecewise graphs, attention eager between them
                     cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
             else:
                 cc.cudagraph_mode = CUDAGraphMode.NONE

@@ -8,6 +8,7 @@ in docs/vllm.md. Nothing in vLLM is patched.
 from __future__ import annotations
 
 import gc
+import os
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -47,6 +48,58 @@ class TpuModelRunner(GPUModelRunner):
         # Seeded requests: see torchtpu/vllm/sampler.py (exponential_ with a generator).
         self.sampler.topk_topp_sampler = TpuTopKTopPSampler(self.sampler.logprobs_mode,
                                                             self.sampler.use_fp64_gumbel)
+
+    def load_model(self, *args, **kwargs) -> None:
+        super().load_model(*args, **kwargs)
+        # Full-graph steps: vLLM's runner wraps the model in its CUDAGraphWrapper by name
+        # (gpu_model_runner.py load_model), which captures CUDA graphs; tpu's wrapper
+        # (compiler.TpuGraphWrapper, a subclass) calls the model's compiled program instead.
+        from vllm.compilation.cuda_graph import CUDAGraphWrapper
+
+        from .compiler import TpuGraphWrapper
+
+        if type(self.model) is CUDAGraphWrapper:
+            self.model = TpuGraphWrapper(self.model.runnable, self.vllm_config, self.model.runtime_mode)
+
+    # -- compiled steps: the runner's eager work around the model program, fused
+    def _step_scope(self) -> AbstractContextManager:
+        """Full-graph steps run the runner's eager work (input preparation, the slot mapping,
+        logits and the sampler) in torchtpu's defer_and_fuse mode: a decode step is the model's
+        program plus two fused ones, not dozens of op programs. ``TORCHTPU_VLLM_STEP_MODE``
+        names another mode; torchtpu's debug mode stays debug."""
+        if self.compilation_config.cudagraph_mode != CUDAGraphMode.FULL:
+            return nullcontext()
+        mode = os.environ.get("TORCHTPU_VLLM_STEP_MODE") or (
+            "debug" if torchtpu.get_mode() == "debug" else "defer_and_fuse")
+        return torchtpu.mode(mode)
+
+    def execute_model(self, *args, **kwargs):
+        # One scope over a step's two calls (the model, then sample_tokens with the logits and
+        # the sampler): leaving a mode flushes, so the work after the model program and the
+        # sampler fuse into one program. execute_model returns its output itself (no
+        # sample_tokens follows) for steps without sampling.
+        scope = self._step_scope()
+        scope.__enter__()
+        try:
+            out = super().execute_model(*args, **kwargs)
+        except BaseException:
+            scope.__exit__(None, None, None)
+            raise
+        if out is None:
+            self._open_step_scope = scope
+        else:
+            scope.__exit__(None, None, None)
+        return out
+
+    def sample_tokens(self, *args, **kwargs):
+        scope, self._open_step_scope = getattr(self, "_open_step_scope", None), None
+        if scope is None:
+            scope = self._step_scope()
+            scope.__enter__()
+        try:
+            return super().sample_tokens(*args, **kwargs)
+        finally:
+            scope.__exit__(None, None, None)
 
     # -- host/device synchronisation (the GPU runner uses torch.accelerator / pinned buffers + events)
     def _sync_device(self) -> None:
