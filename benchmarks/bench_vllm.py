@@ -1,19 +1,25 @@
-"""Offline serving on the tiny Llama: vLLM on tpu (eager) vs torchtpu's StaticGenerator on tpu
-vs Hugging Face CPU eager ``generate``, as ratios in one process.
+"""Offline serving: vLLM on tpu (eager, piecewise-compiled and full-graph steps) vs torchtpu's
+StaticGenerator on tpu vs Hugging Face CPU eager ``generate``, as ratios in one process.
 
     PYTHONPATH=$PWD /path/to/venv-vllm/bin/python benchmarks/bench_vllm.py \\
-        [--concurrency 1 16 64] [--trials 3] [--new 16] [--prompt-len 12] [--json out.json]
+        [--model tiny|l4h256] [--concurrency 1 16 64] [--trials 3] [--new 16] [--prompt-len 12] \\
+        [--json out.json]
 
 Needs vLLM 0.33 and torchtpu's vLLM plugin (docs/vllm.md: its own venv). The model is the
-tests' tiny Llama (tests/vllm/tiny.py: hidden 64, 2 layers, vocab 512, fp32) saved to a
+tests' tiny Llama (tests/vllm/tiny.py: hidden 64, 2 layers, vocab 512, fp32) or, with
+``--model l4h256``, a 4-layer hidden-256 Llama (8 heads, 4 KV heads, MLP 512), saved to a
 temporary directory. For each concurrency c, c requests of ``--prompt-len`` random token ids
 (fresh ones every trial, prefix caching off) ask for ``--new`` greedy tokens (EOS ignored):
 
   * vllm_tpu: ``LLM.generate`` of the c requests in one call (continuous batching, enforce_eager;
-    vllm_compiled: the same with vLLM's compiled steps, enforce_eager=False, a second engine;
     vLLM's in-process engine, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so torchtpu's metrics see
-    the engine's compiles); TTFT is vLLM's own per-request ``first_token_latency`` (median over
-    the c requests);
+    the engine's compiles and programs); vllm_piecewise: compiled steps split at attention
+    (``splitting_ops`` = vLLM's attention ops), attention and sampler eager between the pieces;
+    vllm_compiled: compiled steps as the platform sets them by default, the whole model one
+    program per token bucket with torchtpu's paged attention inside (each its own engine).
+    TTFT is vLLM's own per-request ``first_token_latency`` (median over the c requests);
+    programs/step = device programs run during a timed call / ``--new`` (the call's steps when
+    all c requests fit one batch: one prefill step, then decode steps);
   * static_tpu: ``torchtpu.generation.StaticGenerator`` (torch.compile backend "tpu", static
     cache, prompts padded to bucket 16) on the batch of c prompts;
   * hf_cpu: ``model.generate`` on CPU, eager, the batch of c prompts.
@@ -53,7 +59,23 @@ import torch  # noqa: E402
 
 import torchtpu  # noqa: E402
 
-CONFIGS = ("vllm_tpu", "vllm_compiled", "static_tpu", "hf_cpu")
+CONFIGS = ("vllm_tpu", "vllm_piecewise", "vllm_compiled", "static_tpu", "hf_cpu")
+VLLM_CONFIGS = CONFIGS[:3]
+
+
+def make_l4h256(out_dir: str):
+    """A 4-layer hidden-256 Llama (8 heads of 32, 4 KV heads, MLP 512) with the tests' tokenizer."""
+    import tiny
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = tiny.make_tokenizer(out_dir, 512)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      tie_word_embeddings=False, torch_dtype="float32")
+    model = tiny._random(LlamaForCausalLM, cfg, 0, std=0.08)
+    model.save_pretrained(out_dir)
+    return model, tok
 
 
 def thread_settings() -> dict:
@@ -84,6 +106,7 @@ class TokenTimes:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=("tiny", "l4h256"), default="tiny")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--new", type=int, default=16, help="new tokens per request")
@@ -102,7 +125,7 @@ def main():
     threads_before = thread_settings()
     print("threads at start:", json.dumps(threads_before), flush=True)
     d = tempfile.mkdtemp(prefix="bench-vllm-llama-")
-    cpu_model, tok = tiny.make_llama(d)
+    cpu_model, tok = tiny.make_llama(d) if args.model == "tiny" else make_l4h256(d)
     vocab = cpu_model.config.vocab_size
     static_model = LlamaForCausalLM.from_pretrained(d, dtype=torch.float32).eval().to("tpu")
     gen = StaticGenerator(static_model, buckets=(16,), max_cache_len=16 + args.new)
@@ -110,12 +133,15 @@ def main():
     c_max = max(args.concurrency)
     t0 = time.perf_counter()
     llms, engine_init = {}, {}
-    for cfg, eager in (("vllm_tpu", True), ("vllm_compiled", False)):
+    from vllm.config import CompilationConfig
+
+    piecewise = {"splitting_ops": CompilationConfig._attention_ops + ["vllm::unified_kv_cache_update"]}
+    for cfg, eager, cc in (("vllm_tpu", True, {}), ("vllm_piecewise", False, piecewise), ("vllm_compiled", False, {})):
         t0 = time.perf_counter()
         llms[cfg] = LLM(model=d, dtype="float32", enforce_eager=eager, max_model_len=16 + args.new + 16,
                         max_num_seqs=c_max, max_num_batched_tokens=max(256, c_max * args.prompt_len),
                         enable_prefix_caching=False, kv_cache_memory_bytes=64 << 20, disable_log_stats=False,
-                        seed=0)
+                        seed=0, compilation_config=cc)
         engine_init[cfg] = round(time.perf_counter() - t0, 2)
     engine_init_s = engine_init["vllm_tpu"]
     sp = SamplingParams(temperature=0, max_tokens=args.new, ignore_eos=True)
@@ -137,9 +163,10 @@ def main():
         return torch.randint(3, vocab, (c, args.prompt_len), generator=g)
 
     def run(cfg, ids):
-        """Returns (tokens [c, new], wall s, ttft s, compiles)."""
+        """Returns (tokens [c, new], wall s, ttft s, compiles, device programs run)."""
         c = ids.shape[0]
-        before = torchtpu.metrics()["compiles"]
+        m0 = torchtpu.metrics()
+        before = m0["compiles"]
         t = time.perf_counter()
         if cfg in llms:
             outs = llms[cfg].generate([{"prompt_token_ids": r} for r in ids.tolist()], sp, use_tqdm=False)
@@ -163,7 +190,8 @@ def main():
             toks = out[:, args.prompt_len:].tolist()
             ttft = tt.times[1] - t
         assert len(toks) == c and all(len(x) == args.new for x in toks), (cfg, [len(x) for x in toks])
-        return toks, wall, ttft, torchtpu.metrics()["compiles"] - before
+        m1 = torchtpu.metrics()
+        return toks, wall, ttft, m1["compiles"] - before, m1["executions"] - m0["executions"]
 
     report = {"plugin": torchtpu._plugin_kind, "new_tokens": args.new, "prompt_len": args.prompt_len,
               "trials": args.trials, "threads_start": threads_before, "threads_after_engine": threads_after,
@@ -177,23 +205,24 @@ def main():
             t = time.perf_counter()
             comp = 0
             for w in range(1 + (host_runs if cfg != "hf_cpu" else 0)):
-                toks, _, _, n = run(cfg, prompts(c) if w else warm_ids)
+                toks, _, _, n, _ = run(cfg, prompts(c) if w else warm_ids)
                 comp += n
                 warm.setdefault(cfg, toks)
             res[cfg] = {"warmup_s": round(time.perf_counter() - t, 2), "warmup_compiles": comp,
                         "warmup_requests": 1 + (host_runs if cfg != "hf_cpu" else 0),
-                        "tok_s": [], "ttft_ms": [], "compiles": 0}
+                        "tok_s": [], "ttft_ms": [], "compiles": 0, "programs_per_step": []}
         res["tokens_equal_hf_cpu"] = {cfg: warm[cfg] == warm["hf_cpu"] for cfg in CONFIGS[:-1]}
         for _ in range(args.trials):
             ids = prompts(c)
             for cfg in CONFIGS:  # the configurations take turns, trial by trial
-                _, wall, ttft, comp = run(cfg, ids)
+                _, wall, ttft, comp, progs = run(cfg, ids)
+                res[cfg]["programs_per_step"].append(progs / args.new)
                 res[cfg]["tok_s"].append(c * args.new / wall)
                 res[cfg]["ttft_ms"].append(1e3 * ttft)
                 res[cfg]["compiles"] += comp
         for cfg in CONFIGS:
             x = res[cfg]
-            for k in ("tok_s", "ttft_ms"):
+            for k in ("tok_s", "ttft_ms", "programs_per_step"):
                 v = x.pop(k)
                 x[k] = round(statistics.median(v), 2)
                 x[k + "_spread"] = [round(min(v), 2), round(max(v), 2)]
@@ -203,19 +232,25 @@ def main():
             res[f"{cfg}_ttft_vs_hf_cpu"] = round(res[cfg]["ttft_ms"] / res["hf_cpu"]["ttft_ms"], 2)
         res["vllm_tpu_tok_s_vs_static_tpu"] = round(res["vllm_tpu"]["tok_s"] / res["static_tpu"]["tok_s"], 2)
         res["vllm_compiled_tok_s_vs_vllm_tpu"] = round(res["vllm_compiled"]["tok_s"] / res["vllm_tpu"]["tok_s"], 2)
+        res["vllm_compiled_tok_s_vs_static_tpu"] = round(res["vllm_compiled"]["tok_s"] / res["static_tpu"]["tok_s"], 2)
+        res["vllm_compiled_tok_s_vs_vllm_piecewise"] = round(res["vllm_compiled"]["tok_s"]
+                                                             / res["vllm_piecewise"]["tok_s"], 2)
         report["results"].append(res)
 
         print(f"\nconcurrency {c}: greedy tokens equal to hf_cpu: {res['tokens_equal_hf_cpu']}")
-        print(f"  {'config':11s} {'out tok/s':>10s} {'(min-max)':>17s} {'TTFT ms':>9s} {'(min-max)':>17s} "
-              f"{'warm-up s':>9s} {'compiles/req':>12s}")
+        print(f"  {'config':14s} {'out tok/s':>10s} {'(min-max)':>17s} {'TTFT ms':>9s} {'(min-max)':>17s} "
+              f"{'warm-up s':>9s} {'compiles/req':>12s} {'programs/step':>13s}")
         for cfg in CONFIGS:
             x = res[cfg]
-            print(f"  {cfg:11s} {x['tok_s']:10.1f} {x['tok_s_spread'][0]:8.1f}-{x['tok_s_spread'][1]:<8.1f} "
+            print(f"  {cfg:14s} {x['tok_s']:10.1f} {x['tok_s_spread'][0]:8.1f}-{x['tok_s_spread'][1]:<8.1f} "
                   f"{x['ttft_ms']:9.1f} {x['ttft_ms_spread'][0]:8.1f}-{x['ttft_ms_spread'][1]:<8.1f} "
-                  f"{x['warmup_s']:9.2f} {x['compiles_per_request'] if cfg != 'hf_cpu' else '-':>12}")
+                  f"{x['warmup_s']:9.2f} {x['compiles_per_request'] if cfg != 'hf_cpu' else '-':>12} "
+                  f"{x['programs_per_step'] if cfg != 'hf_cpu' else '-':>13}")
         print(f"  ratios: tok/s vllm/hf_cpu {res['vllm_tpu_tok_s_vs_hf_cpu']}x, static/hf_cpu "
               f"{res['static_tpu_tok_s_vs_hf_cpu']}x, vllm/static {res['vllm_tpu_tok_s_vs_static_tpu']}x, "
-              f"vllm compiled/eager {res['vllm_compiled_tok_s_vs_vllm_tpu']}x; "
+              f"vllm compiled/eager {res['vllm_compiled_tok_s_vs_vllm_tpu']}x, "
+              f"vllm compiled/static {res['vllm_compiled_tok_s_vs_static_tpu']}x, "
+              f"vllm compiled/piecewise {res['vllm_compiled_tok_s_vs_vllm_piecewise']}x; "
               f"TTFT vllm/hf_cpu {res['vllm_tpu_ttft_vs_hf_cpu']}x, static/hf_cpu {res['static_tpu_ttft_vs_hf_cpu']}x",
               flush=True)
     report["total_s"] = round(time.perf_counter() - t_start, 1)
