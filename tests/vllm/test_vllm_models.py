@@ -55,3 +55,18 @@ def test_family_bf16_near_hf(tmp_path, family):
         gap = logits.max(-1).values - logits[torch.arange(len(g)), torch.tensor(g)]
         assert gap.max().item() < 0.15, (gap, logits.std())
     assert res["cpu_fallbacks"] == {}, res["cpu_fallbacks"]
+
+
+@pytest.mark.parametrize("family", ["gemma2", "qwen3_moe", "gpt_oss"])
+def test_family_full_graph_matches_hf_fp32(tmp_path, family):
+    """Compiled full-graph steps (the platform's default with enforce_eager=False): the model
+    one program per bucket, attention torchtpu's paged op inside it with each layer's own
+    sliding window and soft cap (Gemma2), attention sinks (gpt-oss), experts (Qwen3-MoE)."""
+    d = str(tmp_path / family)
+    model, tok = tiny.MODELS[family](d)
+    ref = tiny.hf_greedy(model, tok, PROMPTS, MAX_TOKENS)
+    res = run_llm(tmp_path, {"model": d, "batches": [PROMPTS], "llm_kwargs": dict(LLM_KWARGS, enforce_eager=False),
+                             "sampling": GREEDY})
+    assert res["batches"][0]["token_ids"] == ref
+    assert res["vllm_compiler"]["full_graphs"] == 1 and res["vllm_compiler"]["pieces"] == 1, res["vllm_compiler"]
+    assert res["cpu_fallbacks"] == {}, res["cpu_fallbacks"]
