@@ -141,7 +141,7 @@ def main():
         llms[cfg] = LLM(model=d, dtype="float32", enforce_eager=eager, max_model_len=16 + args.new + 16,
                         max_num_seqs=c_max, max_num_batched_tokens=max(256, c_max * args.prompt_len),
                         enable_prefix_caching=False, kv_cache_memory_bytes=64 << 20, disable_log_stats=False,
-                        seed=0, compilation_config=cc)
+                        gpu_memory_utilization=0.3, seed=0, compilation_config=cc)
         engine_init[cfg] = round(time.perf_counter() - t0, 2)
     engine_init_s = engine_init["vllm_tpu"]
     sp = SamplingParams(temperature=0, max_tokens=args.new, ignore_eos=True)

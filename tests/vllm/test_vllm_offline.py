@@ -177,6 +177,26 @@ def test_full_graph_step_is_three_programs(tmp_path, llama):
     assert res["vllm_compiler"]["eager_calls"] <= 2, res["vllm_compiler"]  # vLLM's profiling runs only
 
 
+@pytest.mark.parametrize("eager", [False, True])
+def test_long_prompt_through_many_blocks(tmp_path, eager):
+    """A 2,000-token prompt (125 blocks of 16), prefilled in chunks of 128 tokens over earlier
+    chunks' cached blocks, then decoded: HF's greedy tokens. Compiled full-graph steps and eager."""
+    import torch
+
+    d = str(tmp_path / "llama-long")
+    model, tok = tiny.make_llama_long(d)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, model.config.vocab_size, (2000,), generator=g).tolist()
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
+                             do_sample=False, eos_token_id=None, pad_token_id=tok.pad_token_id)[0, len(ids):].tolist()
+    res = run_llm(tmp_path, {"model": d, "batches": [[{"prompt_token_ids": ids}]],
+                             "llm_kwargs": dict(LLM_KWARGS, enforce_eager=eager, max_model_len=2048 + 64,
+                                                enable_prefix_caching=False),
+                             "sampling": GREEDY})
+    assert res["batches"][0]["token_ids"] == [ref]
+
+
 def test_chunked_prefill_and_prefix_cache(tmp_path, llama):
     """Prefill in chunks of 16 tokens; the second generate call hits the prefix cache."""
     d, model, tok = llama

@@ -125,6 +125,15 @@ def _common(tok, vocab_size: int) -> dict:
                 torch_dtype="float32")
 
 
+def make_llama_long(out_dir: str, seed: int = 0, vocab_size: int = 512):
+    """The tiny Llama's shape with 4,096 positions (long-context tests)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = make_tokenizer(out_dir, vocab_size)
+    cfg = LlamaConfig(**{**_common(tok, vocab_size), "max_position_embeddings": 4096}, tie_word_embeddings=False)
+    return _save(LlamaForCausalLM, cfg, out_dir, tok, seed)
+
+
 def make_qwen3(out_dir: str, seed: int = 0, vocab_size: int = 512):
     """Tiny Qwen3: per-head q/k RMSNorm, head_dim 16, GQA 4/2, untied embeddings."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
