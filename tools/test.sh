@@ -67,5 +67,5 @@ if [ -z "${PYTEST_ARGS:-}" ] && [ "$TORCH" = "2.13.0" ]; then
   done
   echo "== TORCHTPU_TPU_CHECK=v5e:1x1 (strict): torch.compile, Hugging Face models, low precision"
   TORCHTPU_TPU_CHECK=v5e:1x1 TORCHTPU_TPU_CHECK_STRICT=1 ALLOW_MULTIPLE_LIBTPU_LOAD=1 $PY -m pytest -q \
-    -p no:cacheprovider -m "not slow" tests/test_compile.py tests/test_compile_varlen.py tests/test_hf.py tests/test_lowp.py
+    -p no:cacheprovider -m "not slow" tests/test_compile.py tests/test_compile_varlen.py tests/test_paged_attention.py tests/test_hf.py tests/test_lowp.py
 fi
