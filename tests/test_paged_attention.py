@@ -126,6 +126,21 @@ def test_long_context_many_blocks():
     torch.testing.assert_close(got_w.double(), want_w, atol=1e-4, rtol=1e-4)
 
 
+def test_query_tiles():
+    """More than 64 query rows: the op works through tiles of rows (the last one partial), each
+    reading only the KV chunks its rows need: a 100-token prefill chunk over a cached prefix,
+    decodes, another chunk, and padding rows."""
+    reqs = [(150, 100), (40, 1), (300, 20), (7, 7), (90, 1)]
+    q, cache, qsl, seq, bt = make_batch(reqs, T_pad=200, R_pad=8, BS=8, seed=7)
+    sinks = torch.randn(4)
+    for opts in ({}, dict(window=33, sinks=sinks)):
+        want = reference(q, cache, qsl, seq, bt, 0.3, **opts)
+        got = paged_attention(*on_tpu(q, cache, qsl, seq, bt), 0.3, opts.get("window", 0), 0.0,
+                              *on_tpu(opts.get("sinks"))).cpu()
+        torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=2e-5)
+        assert got[int(qsl[-1]):].abs().max() == 0
+
+
 @pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
 def test_eager_modes(mode):
     q, cache, qsl, seq, bt = make_batch(MIXED, T_pad=24, R_pad=8, seed=1)

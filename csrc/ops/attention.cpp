@@ -408,87 +408,137 @@ std::vector<Value> PagedAttention(LowerCtx& c) {
   Value zero_t = b.Zeros(Type(ET::S64, {T}));
   Value lo = window > 0 ? b.Max(b.Sub(pos, b.Splat(Type(ET::S64, {T}), (double)(window - 1))), zero_t) : zero_t;
 
-  // keys per iteration: about 128, at most 2^22 gathered elements, whole blocks
-  int64_t nb = std::max<int64_t>(1, 128 / std::max<int64_t>(BS, 1));
-  nb = std::min(nb, std::max<int64_t>(1, (int64_t(1) << 22) / std::max<int64_t>(1, T * BS * Hkv * Cw)));
-  nb = std::min(nb, W);
-  const int64_t K = nb * BS, Wp = (W + nb - 1) / nb * nb;
+  // keys per loop iteration: about 128, whole blocks. Query rows are processed in tiles of
+  // at most 64 rows (and at most 2^24 gathered cache elements per iteration), each tile
+  // reading only the chunks its own rows need: memory is bounded by the tile, and a long
+  // prefill's early rows skip the chunks after them (causal).
+  const int64_t kCap = int64_t(1) << 24;
+  int64_t nb = std::min(std::max<int64_t>(1, 128 / std::max<int64_t>(BS, 1)), W);
+  nb = std::max<int64_t>(1, std::min(nb, kCap / std::max<int64_t>(1, BS * Hkv * Cw)));
+  const int64_t K = nb * BS, Wp = (W + nb - 1) / nb * nb, n_chunks = Wp / nb;
+  const int64_t Tq = std::max<int64_t>(1, std::min({T, int64_t(64), kCap / std::max<int64_t>(1, K * Hkv * Cw)}));
+  const int64_t n_tiles = (T + Tq - 1) / Tq, Tp = n_tiles * Tq;
   Value bt_t = TakeRows(b, b.Convert(bt, ET::S64), r);  // [T, W]
   if (Wp != W) bt_t = b.Pad(bt_t, b.Zeros(Type(ET::S64, {})), {0, 0}, {0, Wp - W}, {0, 0});
-
-  // chunks [first, end): over the valid tokens
-  Value Ks = b.Splat(Type(ET::S64, {T}), (double)K);
-  Value big = b.Splat(Type(ET::S64, {T}), (double)(Wp / nb));
-  Value need = b.Div(b.Add(pos, b.Splat(Type(ET::S64, {T}), (double)K)), Ks);  // ceil((pos+1)/K)
-  need = b.Select(valid, b.Min(need, big), zero_t);
-  Value first = b.Select(valid, b.Div(lo, Ks), big);
-  Value s64 = b.Zeros(Type(ET::S64, {}));
-  Value end = b.Reduce(need, s64, {0}, "maximum");
-  Value start = b.Min(b.Reduce(first, b.Splat(Type(ET::S64, {}), (double)(Wp / nb)), {0}, "minimum"), end);
 
   ET ct = q.et() == ET::F64 ? ET::F64 : ET::F32;
   Value q4 = b.Reshape(q, {T, Hkv, G, D});
   if (q.et() != cache.et()) q4 = Cast(b, q4, cache.et());
-  Value scale = c.num_arg(5, ct);
-  Type mt(ct, {T, Hkv, G}), at(ct, {T, Hkv, G, Dv});
-  const double kNegBig = -1e30;
-
-  hlo::Region cond, body;
-  cond.arg_types = {Type(ET::S64, {}), mt, mt, at};
-  cond.body = [end](Builder& b, const std::vector<Value>& a) {
-    return std::vector<Value>{b.Compare(a[0], end, "LT")};
-  };
-  body.arg_types = cond.arg_types;
-  body.body = [&, mt, at](Builder& b, const std::vector<Value>& a) {
-    Value j = a[0], m = a[1], l = a[2], acc = a[3];
-    Value col = b.Mul(j, b.Splat(Type(ET::S64, {}), (double)nb));
-    Value blk = b.Op1("stablehlo.dynamic_slice", {bt_t, s64, col}, Type(ET::S64, {T, nb}),
-                      "slice_sizes = " + hlo::I64Array({T, nb}));
-    Value idx = b.Reshape(blk, {T, nb, 1});
-    Value kv = b.Op1("stablehlo.gather", {cache, idx}, Type(cache.et(), {T, nb, BS, Hkv, Cw}),
-                     "dimension_numbers = #stablehlo.gather<offset_dims = [2, 3, 4], collapsed_slice_dims = [0], "
-                     "start_index_map = [0], index_vector_dim = 2>, slice_sizes = " +
-                         hlo::I64Array({1, BS, Hkv, Cw}) + ", indices_are_sorted = false");
-    kv = b.Reshape(kv, {T, K, Hkv, Cw});
-    Value k = b.SliceDim(kv, 3, 0, D), v = Cast(b, b.SliceDim(kv, 3, D, Cw), ct);
-    // key positions of this chunk, and which of them each token sees
-    Value kpos = b.Add(b.Broadcast(b.Mul(col, b.Splat(Type(ET::S64, {}), (double)BS)), {T, K}, {}),
-                       b.Iota(Type(ET::S64, {T, K}), 1));
-    Value see = b.Binary("and", b.Compare(kpos, b.Broadcast(pos, {T, K}, {0}), "LE"),
-                         b.Compare(kpos, b.Broadcast(lo, {T, K}, {0}), "GE"));
-    see = b.Binary("and", see, b.Broadcast(valid, {T, K}, {0}));
-    Value s = DotG(b, q4, k, {0, 1}, {0, 2}, {3}, {3}, ct);  // [T, Hkv, G, K]
-    s = b.Mul(s, b.Broadcast(scale, s.dims(), {}));
-    if (cap != 0) {
-      Value cv = b.Splat(s.type, cap);
-      s = b.Mul(b.Unary("tanh", b.Div(s, cv)), cv);
-    }
-    Value see4 = b.Broadcast(see, s.dims(), {0, 3});
-    s = b.Select(see4, s, b.Splat(s.type, -std::numeric_limits<double>::infinity()));
-    Value mn = b.Max(m, b.Reduce(s, b.Splat(Type(ct, {}), kNegBig), {3}, "maximum"));
-    Value p = b.Unary("exponential", b.Sub(s, b.Broadcast(mn, s.dims(), {0, 1, 2})));
-    Value alpha = b.Unary("exponential", b.Sub(m, mn));
-    Value ln = b.Add(b.Mul(l, alpha), b.Reduce(p, b.Zeros(Type(ct, {})), {3}, "add"));
-    // values of unseen keys may be anything (stale or empty blocks): zero them
-    v = b.Select(b.Broadcast(see, v.dims(), {0, 1}), v, b.Zeros(v.type));
-    Value pv = DotG(b, p, v, {0, 1}, {0, 2}, {3}, {1}, ct);  // [T, Hkv, G, Dv]
-    Value accn = b.Add(b.Mul(acc, b.Broadcast(alpha, at.dims, {0, 1, 2})), pv);
-    return std::vector<Value>{b.Add(j, b.Splat(Type(ET::S64, {}), 1.0)), mn, ln, accn};
-  };
-  std::vector<Value> res = b.Op("stablehlo.while", {start, b.Splat(mt, kNegBig), b.Zeros(mt), b.Zeros(at)},
-                                {Type(ET::S64, {}), mt, mt, at}, "", {cond, body});
-  Value m = res[1], l = res[2], acc = res[3];
-  if (c.has(8)) {  // attention sinks: one logit per head in every denominator
-    Value sink = b.Broadcast(b.Reshape(Cast(b, c.t(8), ct), {Hkv, G}), mt.dims, {1, 2});
-    Value mf = b.Max(m, sink);
-    Value alpha = b.Unary("exponential", b.Sub(m, mf));
-    l = b.Add(b.Mul(l, alpha), b.Unary("exponential", b.Sub(sink, mf)));
-    acc = b.Mul(acc, b.Broadcast(alpha, at.dims, {0, 1, 2}));
+  if (Tp != T) {  // padding rows: not valid, they read nothing
+    auto pad = [&](Value v, double fill) {
+      Dims lo(v.rank(), 0), hi(v.rank(), 0), in(v.rank(), 0);
+      hi[0] = Tp - T;
+      return b.Pad(v, b.Splat(Type(v.et(), {}), fill), lo, hi, in);
+    };
+    q4 = pad(q4, 0);
+    pos = pad(pos, 0);
+    lo = pad(lo, 0);
+    bt_t = pad(bt_t, 0);
+    valid = pad(valid, 0);
   }
-  Value pos_l = b.Compare(l, b.Zeros(mt), "GT");
-  Value safe = b.Select(pos_l, l, b.Splat(mt, 1.0));
-  Value out = b.Div(acc, b.Broadcast(safe, at.dims, {0, 1, 2}));
-  out = b.Select(b.Broadcast(pos_l, at.dims, {0, 1, 2}), out, b.Zeros(at));
+  Value scale = c.num_arg(5, ct);
+  std::optional<Value> sink;
+  if (c.has(8)) sink = b.Reshape(Cast(b, c.t(8), ct), {Hkv, G});
+  const double kNegBig = -1e30;
+  Value s64 = b.Zeros(Type(ET::S64, {}));
+
+  // One tile of n rows: q [n, Hkv, G, D], pos/lo/valid [n], table rows [n, Wp] -> [n, Hkv, G, Dv].
+  auto tile = [&](Builder& b, Value qt, Value post, Value lot, Value validt, Value btt, int64_t n) {
+    Type mt(ct, {n, Hkv, G}), at(ct, {n, Hkv, G, Dv});
+    // chunks [start, end) that the tile's valid rows need
+    Value Ks = b.Splat(Type(ET::S64, {n}), (double)K);
+    Value last = b.Splat(Type(ET::S64, {n}), (double)n_chunks);
+    Value need = b.Div(b.Add(post, Ks), Ks);  // ceil((pos+1)/K)
+    need = b.Select(validt, b.Min(need, last), b.Zeros(need.type));
+    Value first = b.Select(validt, b.Div(lot, Ks), last);
+    Value end = b.Reduce(need, s64, {0}, "maximum");
+    Value start = b.Min(b.Reduce(first, b.Splat(Type(ET::S64, {}), (double)n_chunks), {0}, "minimum"), end);
+
+    hlo::Region cond, body;
+    cond.arg_types = {Type(ET::S64, {}), mt, mt, at};
+    cond.body = [end](Builder& b, const std::vector<Value>& a) {
+      return std::vector<Value>{b.Compare(a[0], end, "LT")};
+    };
+    body.arg_types = cond.arg_types;
+    body.body = [&, mt, at, n](Builder& b, const std::vector<Value>& a) {
+      Value j = a[0], m = a[1], l = a[2], acc = a[3];
+      Value col = b.Mul(j, b.Splat(Type(ET::S64, {}), (double)nb));
+      Value blk = b.Op1("stablehlo.dynamic_slice", {btt, s64, col}, Type(ET::S64, {n, nb}),
+                        "slice_sizes = " + hlo::I64Array({n, nb}));
+      Value idx = b.Reshape(blk, {n, nb, 1});
+      Value kv = b.Op1("stablehlo.gather", {cache, idx}, Type(cache.et(), {n, nb, BS, Hkv, Cw}),
+                       "dimension_numbers = #stablehlo.gather<offset_dims = [2, 3, 4], collapsed_slice_dims = [0], "
+                       "start_index_map = [0], index_vector_dim = 2>, slice_sizes = " +
+                           hlo::I64Array({1, BS, Hkv, Cw}) + ", indices_are_sorted = false");
+      kv = b.Reshape(kv, {n, K, Hkv, Cw});
+      Value k = b.SliceDim(kv, 3, 0, D), v = Cast(b, b.SliceDim(kv, 3, D, Cw), ct);
+      // key positions of this chunk, and which of them each row sees
+      Value kpos = b.Add(b.Broadcast(b.Mul(col, b.Splat(Type(ET::S64, {}), (double)BS)), {n, K}, {}),
+                         b.Iota(Type(ET::S64, {n, K}), 1));
+      Value see = b.Binary("and", b.Compare(kpos, b.Broadcast(post, {n, K}, {0}), "LE"),
+                           b.Compare(kpos, b.Broadcast(lot, {n, K}, {0}), "GE"));
+      see = b.Binary("and", see, b.Broadcast(validt, {n, K}, {0}));
+      Value s = DotG(b, qt, k, {0, 1}, {0, 2}, {3}, {3}, ct);  // [n, Hkv, G, K]
+      s = b.Mul(s, b.Broadcast(scale, s.dims(), {}));
+      if (cap != 0) {
+        Value cv = b.Splat(s.type, cap);
+        s = b.Mul(b.Unary("tanh", b.Div(s, cv)), cv);
+      }
+      s = b.Select(b.Broadcast(see, s.dims(), {0, 3}), s,
+                   b.Splat(s.type, -std::numeric_limits<double>::infinity()));
+      Value mn = b.Max(m, b.Reduce(s, b.Splat(Type(ct, {}), kNegBig), {3}, "maximum"));
+      Value p = b.Unary("exponential", b.Sub(s, b.Broadcast(mn, s.dims(), {0, 1, 2})));
+      Value alpha = b.Unary("exponential", b.Sub(m, mn));
+      Value ln = b.Add(b.Mul(l, alpha), b.Reduce(p, b.Zeros(Type(ct, {})), {3}, "add"));
+      // values of unseen keys may be anything (stale or empty blocks): zero them
+      v = b.Select(b.Broadcast(see, v.dims(), {0, 1}), v, b.Zeros(v.type));
+      Value pv = DotG(b, p, v, {0, 1}, {0, 2}, {3}, {1}, ct);  // [n, Hkv, G, Dv]
+      Value accn = b.Add(b.Mul(acc, b.Broadcast(alpha, at.dims, {0, 1, 2})), pv);
+      return std::vector<Value>{b.Add(j, b.Splat(Type(ET::S64, {}), 1.0)), mn, ln, accn};
+    };
+    std::vector<Value> res = b.Op("stablehlo.while", {start, b.Splat(mt, kNegBig), b.Zeros(mt), b.Zeros(at)},
+                                  {Type(ET::S64, {}), mt, mt, at}, "", {cond, body});
+    Value m = res[1], l = res[2], acc = res[3];
+    if (sink) {  // attention sinks: one logit per head in every denominator
+      Value sk = b.Broadcast(*sink, mt.dims, {1, 2});
+      Value mf = b.Max(m, sk);
+      Value alpha = b.Unary("exponential", b.Sub(m, mf));
+      l = b.Add(b.Mul(l, alpha), b.Unary("exponential", b.Sub(sk, mf)));
+      acc = b.Mul(acc, b.Broadcast(alpha, at.dims, {0, 1, 2}));
+    }
+    Value pos_l = b.Compare(l, b.Zeros(mt), "GT");
+    Value safe = b.Select(pos_l, l, b.Splat(mt, 1.0));
+    Value out = b.Div(acc, b.Broadcast(safe, at.dims, {0, 1, 2}));
+    return b.Select(b.Broadcast(pos_l, at.dims, {0, 1, 2}), out, b.Zeros(at));
+  };
+
+  Value out;
+  if (n_tiles == 1) {
+    out = tile(b, q4, pos, lo, valid, bt_t, T);
+  } else {
+    Type ot4(ct, {Tp, Hkv, G, Dv});
+    hlo::Region cond, body;
+    cond.arg_types = {Type(ET::S64, {}), ot4};
+    cond.body = [n_tiles](Builder& b, const std::vector<Value>& a) {
+      return std::vector<Value>{b.Compare(a[0], b.Splat(Type(ET::S64, {}), (double)n_tiles), "LT")};
+    };
+    body.arg_types = cond.arg_types;
+    body.body = [&](Builder& b, const std::vector<Value>& a) {
+      Value row = b.Mul(a[0], b.Splat(Type(ET::S64, {}), (double)Tq));
+      auto rows = [&](Value v) {
+        Dims sizes = v.dims();
+        sizes[0] = Tq;
+        std::vector<Value> ops{v, row};
+        for (int d = 1; d < v.rank(); ++d) ops.push_back(s64);
+        return b.Op1("stablehlo.dynamic_slice", ops, v.type.with_dims(sizes), "slice_sizes = " + hlo::I64Array(sizes));
+      };
+      Value res = tile(b, rows(q4), rows(pos), rows(lo), rows(valid), rows(bt_t), Tq);
+      Value upd = b.DynamicUpdateSlice(a[1], res, {row, s64, s64, s64});
+      return std::vector<Value>{b.Add(a[0], b.Splat(Type(ET::S64, {}), 1.0)), upd};
+    };
+    out = b.Op("stablehlo.while", {s64, b.Zeros(ot4)}, {Type(ET::S64, {}), ot4}, "", {cond, body})[1];
+    out = b.SliceDim(out, 0, 0, T);
+  }
   return {Cast(b, b.Reshape(out, {T, H, Dv}), ot.et)};
 }
 TT_LOWERINGS(({"torchtpu::paged_attention"}), PagedAttention);
