@@ -677,6 +677,8 @@ def run(spec: dict) -> dict:
         batches = []
         for prompts in spec["batches"]:
             m0 = torchtpu.metrics()
+            comp_stats = sys.modules["torchtpu.vllm.compiler"].stats if "torchtpu.vllm.compiler" in sys.modules else {}
+            calls0 = comp_stats.get("calls", 0)
             compiles = m0["compiles"]  # this process's (0 with an engine-core process)
             programs = _piece_programs()
             lora = None
@@ -688,6 +690,7 @@ def run(spec: dict) -> dict:
             batches.append({
                 "compiles": torchtpu.metrics()["compiles"] - compiles,
                 "executions": torchtpu.metrics()["executions"] - m0["executions"],  # device programs run
+                "model_calls": comp_stats.get("calls", 0) - calls0,  # compiled steps: one per step
                 "host_tier_ops": {k: v - m0["host_tier_ops"].get(k, 0)
                                   for k, v in torchtpu.metrics()["host_tier_ops"].items()
                                   if v != m0["host_tier_ops"].get(k, 0)},
