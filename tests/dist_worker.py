@@ -505,6 +505,15 @@ def dtensor(rank, world, tmp):
     assert m["graphs_compiled"] - before["graphs_compiled"] >= 2 and not m["graph_fallback_reasons"], m
     # a compiled tensor-parallel training step (DTensor: collectives in forward and backward)
     steps(torch.compile(tp, backend="tpu"), 2, "compiled TP")
+    # the same with torch.compile's default backend (Inductor, torchtpu's device pass): the
+    # post-grad graphs are cut at their collectives, the pieces lowered by torchtpu
+    torch._dynamo.reset()
+    before = torchtpu.metrics()["compile"]
+    close(torch.compile(f)(x.to(TPU)), want, "functional collectives, Inductor", atol=1e-5)
+    steps(torch.compile(tp), 2, "compiled TP, Inductor")
+    m = torchtpu.metrics()["compile"]
+    assert m["graphs_compiled"] - before["graphs_compiled"] >= 4, m
+    assert m["graph_fallback_reasons"] == before["graph_fallback_reasons"], (before, m)
     dist.destroy_process_group()
 
 

@@ -157,14 +157,16 @@ def same_run(a, b, loss_tol=2e-4, gn_tol=1e-3):
         assert abs(g1 - g2) <= 2e-4 + gn_tol * abs(g1), (s, a, b)
 
 
-@pytest.mark.parametrize("nproc", [1, 2], ids=["single", "fsdp2"])
-def test_compile_enable_compiles_every_graph(assets, seed_checkpoint, single, nproc):
-    """--compile.enable, on one process and under FSDP 2 (its collectives run in hooks outside the
-    compiled blocks): every block graph and the loss become torchtpu programs (varlen attention
-    lowered, its changing max length and document count kept static), losses equal to the eager
-    single process."""
+@pytest.mark.parametrize("nproc,tp", [(1, 1), (2, 1), (2, 2)], ids=["single", "fsdp2", "tp2"])
+def test_compile_enable_compiles_every_graph(assets, seed_checkpoint, single, nproc, tp):
+    """--compile.enable, on one process, under FSDP 2 (its collectives run in hooks outside the
+    compiled blocks) and under tensor parallelism 2 (DTensor's collectives inside the block
+    graphs: torchtpu cuts Inductor's graphs at them): every block graph and the loss become
+    torchtpu programs (varlen attention lowered, its changing max length and document count kept
+    static), losses equal to the eager single process."""
     log = []
-    compiled = train(assets, f"compiled_{nproc}", nproc, STEPS, *seed_checkpoint, "--compile.enable",
+    extra = ["--parallelism.tensor_parallel_degree", str(tp)] if tp > 1 else []
+    compiled = train(assets, f"compiled_{nproc}_{tp}", nproc, STEPS, *seed_checkpoint, "--compile.enable", *extra,
                      env={"PYTHONWARNINGS": "always"}, log=log)
     assert "running this graph eagerly" not in log[0], log[0][-6000:]
     same_run(single, compiled)

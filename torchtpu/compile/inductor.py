@@ -113,12 +113,75 @@ def _size_nodes(outs: list, placeholders: set) -> set:
     return seen
 
 
+_COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd", "c10d_functional")
+
+
+def _is_collective(n: torch.fx.Node) -> bool:
+    return n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and \
+        n.target.namespace in _COLLECTIVE_NAMESPACES
+
+
+def _replace_split(gm: torch.fx.GraphModule) -> None:
+    """A post-grad graph with functional collectives (DTensor's tensor parallelism): the graph is
+    cut around each collective; every piece between them becomes one torchtpu::inductor_graph
+    call, the collectives (and the opaque process-group inputs they take) stay Inductor's own
+    extern kernels, run through the process group. The pieces are inlined back: Inductor
+    takes a flat graph."""
+    from torch.fx.passes.split_module import split_module
+
+    part, parts = 0, {}
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "output", "get_attr"):
+            continue
+        if _is_collective(n):
+            parts[n] = part + 1
+            part += 2
+        else:
+            parts[n] = part
+    split = split_module(gm, None, lambda n: parts[n], keep_original_order=True)
+    flat = torch.fx.Graph()
+    env: dict = {}
+    for n in split.graph.nodes:
+        if n.op == "call_module":
+            sub = getattr(split, n.target)
+            out = next(m for m in sub.graph.nodes if m.op == "output")
+            single = not isinstance(out.args[0], (tuple, list))
+            if single:  # the lowering takes a tuple of outputs
+                out.args = ((out.args[0],),)
+                sub.recompile()
+            if not any(_is_collective(m) for m in sub.graph.nodes):
+                for ph, a in zip([m for m in sub.graph.nodes if m.op == "placeholder"], n.args):
+                    ph.meta.setdefault("val", a.meta.get("val"))
+                _replace_graph(sub)
+            val_map = {ph: env[a] for ph, a in zip([m for m in sub.graph.nodes if m.op == "placeholder"], n.args)}
+            res = flat.graph_copy(sub.graph, val_map)
+            env[n] = res[0] if single else res
+        elif n.op == "call_function" and n.target is operator.getitem and isinstance(env.get(n.args[0]), tuple):
+            env[n] = env[n.args[0]][n.args[1]]
+        elif n.op == "output":
+            flat.output(torch.fx.map_arg(n.args[0], lambda a: env[a]))
+        else:
+            env[n] = flat.node_copy(n, lambda a: env[a])
+    gm.graph = flat
+    gm.graph.lint()
+    gm.recompile()
+
+
 def _replace_graph(gm: torch.fx.GraphModule) -> None:
     """Lowers gm (a post-grad graph) and replaces its body by one torchtpu::inductor_graph call."""
     g = gm.graph
+    if any(_is_collective(n) for n in g.nodes):
+        _replace_split(gm)
+        return
     placeholders = [n for n in g.nodes if n.op == "placeholder"]
+    # An opaque input (a process group) that the graph only returns as it is (a backward
+    # graph's pass-through next to a cut at collectives) stays out of the program.
+    passed = {n for n in placeholders
+              if not isinstance(n.meta.get("val"), (torch.Tensor, int, torch.SymInt))
+              and n.users and all(u.op == "output" for u in n.users)}
+    prog_phs = [n for n in placeholders if n not in passed]
     kinds = []
-    for n in placeholders:
+    for n in prog_phs:
         v = n.meta.get("val")
         if isinstance(v, torch.Tensor):
             kinds.append("t")
@@ -128,6 +191,13 @@ def _replace_graph(gm: torch.fx.GraphModule) -> None:
             raise RuntimeError(f"torchtpu: Inductor graph input {n.name} is a {type(v).__name__}; "
                                "use torch.compile(..., backend='tpu')")
     original = torch.fx.GraphModule(gm, copy.deepcopy(g))
+    if passed:
+        names = {n.name for n in passed}
+        o_out = next(n for n in original.graph.nodes if n.op == "output")
+        o_out.args = (torch.fx.map_arg(o_out.args[0], lambda a: None if a.name in names else a),)
+        for n in [n for n in original.graph.nodes if n.op == "placeholder" and n.name in names]:
+            original.graph.erase_node(n)
+        original.recompile()
     _prims_to_aten(original)
     try:
         program = lower._Lowerer(original).run()
@@ -158,8 +228,8 @@ def _replace_graph(gm: torch.fx.GraphModule) -> None:
     _GRAPHS[key] = (code, kinds, returned,
                     [(tuple(v.shape), tuple(v.stride()), v.dtype, v.device) for v in vals])
     with g.inserting_before(out_node):
-        tensors = [n for n, k in zip(placeholders, kinds) if k == "t"]
-        ints = [n for n, k in zip(placeholders, kinds) if k == "i"]
+        tensors = [n for n, k in zip(prog_phs, kinds) if k == "t"]
+        ints = [n for n, k in zip(prog_phs, kinds) if k == "i"]
         call = g.call_function(_op(len(returned)), (key, tensors, ints, mutated))
         call.meta["val"] = vals[0] if len(vals) == 1 else tuple(vals)
         for k, i in enumerate(returned):
