@@ -15,25 +15,18 @@ import importlib.util
 import sys
 
 import torch
-from torch._ops import OpOverload
 
 from . import fake
 from .lower import (
     Unsupported,
+    cut_at_collectives,
+    is_collective,
     _decomposition_table,
     _fall_back,
     _Lowerer,
     _runner,
     stats,
 )
-
-_COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd", "c10d_functional")
-
-
-def _is_collective(n: torch.fx.Node) -> bool:
-    return n.op == "call_function" and isinstance(n.target, OpOverload) and \
-        n.target.namespace in _COLLECTIVE_NAMESPACES
-
 
 class _Segment(torch.nn.Module):
     """A compiled piece of a graph split at its collectives (unboxed calls)."""
@@ -54,21 +47,11 @@ def _split_at_collectives(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModul
     and the collectives run eagerly through the process group. Returns the
     split module and the number of compiled pieces."""
     from functorch.compile import make_boxed_func
-    from torch.fx.passes.split_module import split_module
 
-    part, parts = 0, {}
-    for n in gm.graph.nodes:
-        if n.op in ("placeholder", "output", "get_attr"):
-            continue
-        if _is_collective(n):
-            parts[n] = part + 1
-            part += 2
-        else:
-            parts[n] = part
-    split = split_module(gm, None, lambda n: parts[n], keep_original_order=True)
+    split = cut_at_collectives(gm)
     compiled = 0
     for name, sub in list(split.named_children()):
-        if any(_is_collective(n) for n in sub.graph.nodes):
+        if any(is_collective(n) for n in sub.graph.nodes):
             continue
         out = next(n for n in sub.graph.nodes if n.op == "output")
         single = not isinstance(out.args[0], (tuple, list))
@@ -94,7 +77,7 @@ def _graph_compiler(gm: torch.fx.GraphModule, example_inputs):
     # graph_code imports Inductor's OutputCode (and with it Dynamo): only when compiling,
     # so `import torchtpu` stays free of both (tests/test_compile.py).
     from .graph_code import GraphCode
-    if any(_is_collective(n) for n in gm.graph.nodes):
+    if any(is_collective(n) for n in gm.graph.nodes):
         split, compiled = _split_at_collectives(gm)
         stats["graphs_split"] += 1
         stats["graphs_compiled"] += compiled

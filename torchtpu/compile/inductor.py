@@ -113,32 +113,13 @@ def _size_nodes(outs: list, placeholders: set) -> set:
     return seen
 
 
-_COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd", "c10d_functional")
-
-
-def _is_collective(n: torch.fx.Node) -> bool:
-    return n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and \
-        n.target.namespace in _COLLECTIVE_NAMESPACES
-
-
 def _replace_split(gm: torch.fx.GraphModule) -> None:
     """A post-grad graph with functional collectives (DTensor's tensor parallelism): the graph is
     cut around each collective; every piece between them becomes one torchtpu::inductor_graph
     call, the collectives (and the opaque process-group inputs they take) stay Inductor's own
     extern kernels, run through the process group. The pieces are inlined back: Inductor
     takes a flat graph."""
-    from torch.fx.passes.split_module import split_module
-
-    part, parts = 0, {}
-    for n in gm.graph.nodes:
-        if n.op in ("placeholder", "output", "get_attr"):
-            continue
-        if _is_collective(n):
-            parts[n] = part + 1
-            part += 2
-        else:
-            parts[n] = part
-    split = split_module(gm, None, lambda n: parts[n], keep_original_order=True)
+    split = lower.cut_at_collectives(gm)
     flat = torch.fx.Graph()
     env: dict = {}
     for n in split.graph.nodes:
@@ -149,7 +130,7 @@ def _replace_split(gm: torch.fx.GraphModule) -> None:
             if single:  # the lowering takes a tuple of outputs
                 out.args = ((out.args[0],),)
                 sub.recompile()
-            if not any(_is_collective(m) for m in sub.graph.nodes):
+            if not any(lower.is_collective(m) for m in sub.graph.nodes):
                 for ph, a in zip([m for m in sub.graph.nodes if m.op == "placeholder"], n.args):
                     ph.meta.setdefault("val", a.meta.get("val"))
                 _replace_graph(sub)
@@ -170,7 +151,7 @@ def _replace_split(gm: torch.fx.GraphModule) -> None:
 def _replace_graph(gm: torch.fx.GraphModule) -> None:
     """Lowers gm (a post-grad graph) and replaces its body by one torchtpu::inductor_graph call."""
     g = gm.graph
-    if any(_is_collective(n) for n in g.nodes):
+    if any(lower.is_collective(n) for n in g.nodes):
         _replace_split(gm)
         return
     placeholders = [n for n in g.nodes if n.op == "placeholder"]

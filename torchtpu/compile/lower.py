@@ -488,3 +488,32 @@ def metrics() -> dict:
     lowerings, replays = _C._graph_counts()
     return {**stats, "graph_lowerings": lowerings, "graph_replays": replays,
             "graph_fallback_reasons": dict(_fallback_reasons), "graph_breaks": breaks}
+
+
+_COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd", "c10d_functional")
+
+
+def is_collective(n: torch.fx.Node) -> bool:
+    """A functional collective (DTensor's, compiled DDP/FSDP's): no in-program lowering."""
+    from torch._ops import OpOverload
+
+    return n.op == "call_function" and isinstance(n.target, OpOverload) and \
+        n.target.namespace in _COLLECTIVE_NAMESPACES
+
+
+def cut_at_collectives(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """gm split into submodules: each collective alone, the nodes between collectives together
+    (in order)."""
+    from torch.fx.passes.split_module import split_module
+
+    part, parts = 0, {}
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "output", "get_attr"):
+            continue
+        if is_collective(n):
+            parts[n] = part + 1
+            part += 2
+        else:
+            parts[n] = part
+    return split_module(gm, None, lambda n: parts[n], keep_original_order=True)
+
