@@ -78,6 +78,10 @@ class TpuModelRunner(GPUModelRunner):
         # the sampler): leaving a mode flushes, so the work after the model program and the
         # sampler fuse into one program. execute_model returns its output itself (no
         # sample_tokens follows) for steps without sampling.
+        left = getattr(self, "_open_step_scope", None)
+        if left is not None:  # a step whose sample_tokens never came (an error in between)
+            self._open_step_scope = None
+            left.__exit__(None, None, None)
         scope = self._step_scope()
         scope.__enter__()
         try:
