@@ -7,7 +7,7 @@ keys then values along the last axis. Token ``t`` of a request lives in slot
 ``[num_blocks * block_size, num_kv_heads, head_size + head_size_v]``.
 
 * :func:`write_kv` writes a step's keys and values into their slots, in place (one scatter
-  into the cache's storage; padded tokens carry slot -1 and are dropped);
+  into the cache's storage; padded tokens carry slot -1 and land in the null block 0);
 * ``torch.ops.torchtpu.paged_attention`` (:func:`paged_attention`) is ragged attention over a
   batch of mixed prefill, chunked-prefill and decode requests, packed by ``query_start_loc``:
   causal within each request, GQA, sliding window, logit soft-cap, attention sinks, softmax in

@@ -367,20 +367,6 @@ TT_GRAPH_LOWERINGS(({"torch_attn::_varlen_attn_backward"}), VarlenBackward);
 // a time in a stablehlo.while with an online softmax (f32), for as many chunks as the
 // longest request needs (computed in the program): memory does not grow with the context.
 
-// vec[idx] for a 1-D vec and idx [T] (clamped), or rows of a 2-D table.
-Value TakeRows(Builder& b, Value x, Value idx) {
-  int64_t k = idx.type.numel();
-  idx = b.Reshape(b.Convert(idx, ET::S64), {k, 1});
-  Dims offs, slice = x.dims(), rd = x.dims();
-  slice[0] = 1;
-  rd[0] = k;
-  for (int d = 1; d < x.rank(); ++d) offs.push_back(d);
-  return b.Op1("stablehlo.gather", {x, idx}, Type(x.et(), rd),
-               "dimension_numbers = #stablehlo.gather<offset_dims = " + hlo::IntList(offs) +
-                   ", collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, slice_sizes = " +
-                   hlo::I64Array(slice) + ", indices_are_sorted = false");
-}
-
 std::vector<Value> PagedAttention(LowerCtx& c) {
   Builder& b = c.b;
   Value q = c.t(0), cache = c.t(1), qsl = c.t(2), seq = c.t(3), bt = c.t(4);
@@ -403,7 +389,7 @@ std::vector<Value> PagedAttention(LowerCtx& c) {
   Docs d = VarlenDocs(b, qsl, qsl, T);
   Value valid = b.Compare(d.doc, b.Splat(Type(ET::S64, {T}), (double)R), "LT");
   Value r = b.Min(d.doc, b.Splat(Type(ET::S64, {T}), (double)(R - 1)));
-  Value seq_t = TakeRows(b, b.Convert(seq, ET::S64), r);
+  Value seq_t = RowGather(b, b.Convert(seq, ET::S64), r);
   Value pos = b.Add(b.Sub(seq_t, d.len), d.rel);  // [T]
   Value zero_t = b.Zeros(Type(ET::S64, {T}));
   Value lo = window > 0 ? b.Max(b.Sub(pos, b.Splat(Type(ET::S64, {T}), (double)(window - 1))), zero_t) : zero_t;
@@ -418,23 +404,23 @@ std::vector<Value> PagedAttention(LowerCtx& c) {
   const int64_t K = nb * BS, Wp = (W + nb - 1) / nb * nb, n_chunks = Wp / nb;
   const int64_t Tq = std::max<int64_t>(1, std::min({T, int64_t(64), kCap / std::max<int64_t>(1, K * Hkv * Cw)}));
   const int64_t n_tiles = (T + Tq - 1) / Tq, Tp = n_tiles * Tq;
-  Value bt_t = TakeRows(b, b.Convert(bt, ET::S64), r);  // [T, W]
+  Value bt_t = RowGather(b, b.Convert(bt, ET::S64), r);  // [T, W]
   if (Wp != W) bt_t = b.Pad(bt_t, b.Zeros(Type(ET::S64, {})), {0, 0}, {0, Wp - W}, {0, 0});
 
   ET ct = q.et() == ET::F64 ? ET::F64 : ET::F32;
   Value q4 = b.Reshape(q, {T, Hkv, G, D});
   if (q.et() != cache.et()) q4 = Cast(b, q4, cache.et());
   if (Tp != T) {  // padding rows: not valid, they read nothing
-    auto pad = [&](Value v, double fill) {
+    auto pad = [&](Value v) {
       Dims lo(v.rank(), 0), hi(v.rank(), 0), in(v.rank(), 0);
       hi[0] = Tp - T;
-      return b.Pad(v, b.Splat(Type(v.et(), {}), fill), lo, hi, in);
+      return b.Pad(v, b.Zeros(Type(v.et(), {})), lo, hi, in);
     };
-    q4 = pad(q4, 0);
-    pos = pad(pos, 0);
-    lo = pad(lo, 0);
-    bt_t = pad(bt_t, 0);
-    valid = pad(valid, 0);
+    q4 = pad(q4);
+    pos = pad(pos);
+    lo = pad(lo);
+    bt_t = pad(bt_t);
+    valid = pad(valid);
   }
   Value scale = c.num_arg(5, ct);
   std::optional<Value> sink;

@@ -287,6 +287,21 @@ ET CommonType(const LowerCtx& c, std::initializer_list<size_t> idx) {
 
 namespace tt::ops {
 
+Value RowGather(Builder& b, Value x, Value idx) {
+  int r = x.rank();
+  int64_t k = idx.type.numel();
+  idx = b.Reshape(Cast(b, idx, ET::S64), {k, 1});
+  Dims offs, slice = x.dims();
+  slice[0] = 1;
+  for (int d = 1; d < r; ++d) offs.push_back(d);
+  Dims rd = x.dims();
+  rd[0] = k;
+  return b.Op1("stablehlo.gather", {x, idx}, Type(x.et(), rd),
+               "dimension_numbers = #stablehlo.gather<offset_dims = " + hlo::IntList(offs) +
+                   ", collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, slice_sizes = " +
+                   hlo::I64Array(slice) + ", indices_are_sorted = false");
+}
+
 Value WrapIndex(Builder& b, Value idx, int64_t size) {
   idx = Cast(b, idx, ET::S64);
   Value neg = b.Compare(idx, b.Zeros(idx.type), "LT");

@@ -161,6 +161,8 @@ struct MultiRegistrar {
   static ::tt::ops::MultiRegistrar TT_CAT(tt_mreg_, __COUNTER__)(std::initializer_list<const char*> names, \
                                                                  fn, false, true)
 
+// Rows of x (dim 0) at idx (any int type, any shape; clamped as XLA's gather): [K, ...].
+Value RowGather(Builder& b, Value x, Value idx);
 // Negative indices wrap: idx < 0 ? idx + size : idx (as s64).
 Value WrapIndex(Builder& b, Value idx, int64_t size);
 // Scatter update region: "add", "multiply", "max", "min", or replace.

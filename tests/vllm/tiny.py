@@ -687,13 +687,11 @@ def run(spec: dict) -> dict:
 
                 lora = [LoRARequest(*x) if x else None for x in spec["lora"]]
             outs = llm.generate(prompts, sp, use_tqdm=False, lora_request=lora)
+            m1 = torchtpu.metrics()
             batches.append({
-                "compiles": torchtpu.metrics()["compiles"] - compiles,
-                "executions": torchtpu.metrics()["executions"] - m0["executions"],  # device programs run
+                "compiles": m1["compiles"] - compiles,
+                "executions": m1["executions"] - m0["executions"],  # device programs run
                 "model_calls": comp_stats.get("calls", 0) - calls0,  # compiled steps: one per step
-                "host_tier_ops": {k: v - m0["host_tier_ops"].get(k, 0)
-                                  for k, v in torchtpu.metrics()["host_tier_ops"].items()
-                                  if v != m0["host_tier_ops"].get(k, 0)},
                 "piece_programs": _piece_programs() - programs,  # compiled steps' new programs
                 "prompt_token_ids": [list(o.prompt_token_ids) for o in outs],
                 "token_ids": [list(o.outputs[0].token_ids) for o in outs],

@@ -130,11 +130,12 @@ def _replace_split(gm: torch.fx.GraphModule) -> None:
             if single:  # the lowering takes a tuple of outputs
                 out.args = ((out.args[0],),)
                 sub.recompile()
+            phs = [m for m in sub.graph.nodes if m.op == "placeholder"]
             if not any(lower.is_collective(m) for m in sub.graph.nodes):
-                for ph, a in zip([m for m in sub.graph.nodes if m.op == "placeholder"], n.args):
+                for ph, a in zip(phs, n.args):
                     ph.meta.setdefault("val", a.meta.get("val"))
                 _replace_graph(sub)
-            val_map = {ph: env[a] for ph, a in zip([m for m in sub.graph.nodes if m.op == "placeholder"], n.args)}
+            val_map = {ph: env[a] for ph, a in zip(phs, n.args)}
             res = flat.graph_copy(sub.graph, val_map)
             env[n] = res[0] if single else res
         elif n.op == "call_function" and n.target is operator.getitem and isinstance(env.get(n.args[0]), tuple):

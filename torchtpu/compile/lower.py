@@ -495,8 +495,6 @@ _COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd", "c10d
 
 def is_collective(n: torch.fx.Node) -> bool:
     """A functional collective (DTensor's, compiled DDP/FSDP's): no in-program lowering."""
-    from torch._ops import OpOverload
-
     return n.op == "call_function" and isinstance(n.target, OpOverload) and \
         n.target.namespace in _COLLECTIVE_NAMESPACES
 

@@ -86,22 +86,20 @@ def _layer(n: torch.fx.Node, i: int, examples: dict) -> str:
     return name
 
 
-def to_paged(gm: torch.fx.GraphModule, layers: dict, example_inputs: list) -> tuple[list, list[int]] | None:
+def to_paged(gm: torch.fx.GraphModule, layers: dict, example_inputs: list) -> tuple[list, list[int]]:
     """Rewrites vLLM's attention ops in ``gm`` (in place) into torchtpu.paged's ops over new
     inputs. Returns the new inputs' specs ``(kind, layer name)`` in order and the positions of
-    the inputs it removed (layer-name objects no op reads any more), or None when ``gm`` has no
-    attention op. ``layers``: vLLM's ``static_forward_context`` (layer name -> Attention)."""
+    the inputs it removed (layer-name objects no op reads any more). ``layers``: vLLM's
+    ``static_forward_context`` (layer name -> Attention)."""
     from torchtpu.paged import write_kv
 
     g = gm.graph
     phs = [n for n in g.nodes if n.op == "placeholder"]
     examples = dict(zip(phs, example_inputs))
     nodes = [n for n in g.nodes if _op_name(n) in _ATTN_OPS]
-    if not nodes:
-        return None
     specs: list[tuple[str, str]] = []
     inputs: dict[tuple[str, str], torch.fx.Node] = {}
-    last = [n for n in g.nodes if n.op == "placeholder"][-1]
+    last = phs[-1]
 
     def inp(kind: str, layer: str) -> torch.fx.Node:
         nonlocal last
