@@ -109,12 +109,17 @@ Value IndexGrid(Builder& b, const ViewSpec& s) {
 
 }  // namespace
 
-Value ReadView(Builder& b, Value base, const ViewSpec& s) {
+Value ReadView(Builder& b, Value base, const ViewSpec& s, const Value* dyn_offset) {
   int64_t numel = s.numel();
   Type out(base.et(), s.sizes);
   if (numel == 0) return b.Zeros(out);
   int64_t S = base.dims()[0];
   if (s.contiguous()) {
+    if (dyn_offset) {
+      Value v = b.Op1("stablehlo.dynamic_slice", {base, *dyn_offset}, Type(base.et(), {numel}),
+                      "slice_sizes = " + I64Array({numel}));
+      return b.Reshape(v, s.sizes);
+    }
     Value v = b.Slice(base, {s.offset}, {s.offset + numel}, {1});
     return b.Reshape(v, s.sizes);
   }
@@ -152,15 +157,15 @@ Value ReadView(Builder& b, Value base, const ViewSpec& s) {
   return b.Reshape(g, s.sizes);
 }
 
-Value WriteView(Builder& b, Value base, Value update, const ViewSpec& s) {
+Value WriteView(Builder& b, Value base, Value update, const ViewSpec& s, const Value* dyn_offset) {
   int64_t numel = s.numel();
   int64_t S = base.dims()[0];
   if (numel == 0) return base;
   update = b.Convert(update, base.et());
   if (s.contiguous()) {
     Value u = b.Reshape(update, {numel});
-    if (s.offset == 0 && numel == S) return u;
-    return b.DynamicUpdateSlice(base, u, {b.ScalarConst(ET::S64, (double)s.offset)});
+    if (s.offset == 0 && numel == S && !dyn_offset) return u;
+    return b.DynamicUpdateSlice(base, u, {dyn_offset ? *dyn_offset : b.ScalarConst(ET::S64, (double)s.offset)});
   }
   // Expanded (stride 0) dims: every alias holds the same value; keep one.
   ViewSpec t = s;

@@ -14,10 +14,13 @@ struct ViewSpec {
   bool contiguous() const;
 };
 
-// Logical tensor of shape spec.sizes read from flat (1-D) `base`.
-Value ReadView(Builder& b, Value base, const ViewSpec& spec);
-// New flat base equal to `base` with `update` (shape spec.sizes) written through the view.
-Value WriteView(Builder& b, Value base, Value update, const ViewSpec& spec);
+// Logical tensor of shape spec.sizes read from flat (1-D) `base`. `dyn_offset` (a 0-d s64
+// value, contiguous views only): the view starts there instead of at spec.offset, so one
+// program serves every offset (a ring buffer read at a moving position).
+Value ReadView(Builder& b, Value base, const ViewSpec& spec, const Value* dyn_offset = nullptr);
+// New flat base equal to `base` with `update` (shape spec.sizes) written through the view
+// (`dyn_offset`: as in ReadView).
+Value WriteView(Builder& b, Value base, Value update, const ViewSpec& spec, const Value* dyn_offset = nullptr);
 // Reinterpret the bytes of a flat array as another element type (1-D result).
 Value FlatBitcast(Builder& b, Value flat, ET to);
 

@@ -580,6 +580,17 @@ def hf_greedy(model, tok, prompts: list[str], max_tokens: int) -> list[list[int]
     return outs
 
 
+def hf_greedy_ids(model, ids: list[int], max_tokens: int) -> list[int]:
+    """Hugging Face greedy decoding on CPU of one prompt given as token ids, EOS ignored."""
+    import torch
+
+    t = torch.tensor([ids])
+    with torch.no_grad():
+        g = model.generate(t, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
+                           eos_token_id=None, pad_token_id=model.config.pad_token_id)
+    return g[0, len(ids):].tolist()
+
+
 def _completion(c) -> dict:
     lps = None
     if c.logprobs is not None:  # per generated token: [[token_id, logprob, rank], ...]

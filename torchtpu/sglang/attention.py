@@ -18,10 +18,14 @@ ragged op; GQA, sliding window, logit soft-cap and attention sinks are the op's.
 """
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+import torchtpu
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.radix_attention import AttentionType
@@ -83,6 +87,22 @@ class TpuMHATokenToKVPool(MHATokenToKVPool):
                  loc)
 
 
+# TORCHTPU_SGLANG_STEP_LOG=<file>: each forward of each model process appends one JSON line --
+# its mode, batch size, and torchtpu's counters (device programs run, compiles, CPU fallbacks)
+# as the forward starts. The difference of two consecutive lines is one step's device work
+# (docs/sglang.md "Programs per step").
+_STEP_LOG = os.environ.get("TORCHTPU_SGLANG_STEP_LOG")
+
+
+def _log_step(fb) -> None:
+    m = torchtpu.metrics()
+    line = json.dumps({"pid": os.getpid(), "mode": fb.forward_mode.name, "bs": int(fb.batch_size),
+                       "executions": m["executions"], "compiles": m["compiles"],
+                       "cpu_fallbacks": m["cpu_fallbacks"]})
+    with open(_STEP_LOG, "a") as f:
+        f.write(line + "\n")
+
+
 @dataclass
 class TpuPagedMetadata:
     query_start_loc: torch.Tensor  # [R+1] int32; padding requests repeat the last offset
@@ -106,6 +126,8 @@ class TpuPagedAttnBackend(AttentionBackend):
 
     # ------------------------------------------------------------ metadata
     def init_forward_metadata(self, forward_batch):
+        if _STEP_LOG:
+            _log_step(forward_batch)
         self.forward_metadata = self.build_metadata(forward_batch, padded_rows(forward_batch.batch_size))
 
     def build_metadata(self, fb, rows: int) -> TpuPagedMetadata:
@@ -116,7 +138,7 @@ class TpuPagedAttnBackend(AttentionBackend):
         dec = mode.is_decode_or_idle()
         seq_cpu = fb.seq_lens_cpu
         ext_cpu = fb.extend_seq_lens_cpu
-        if seq_cpu is not None and (dec or ext_cpu is not None):
+        if seq_cpu is not None and seq_cpu.device.type == "cpu" and (dec or ext_cpu is not None):
             # host metadata: one upload of query_start_loc | seq_lens
             host = np.zeros(2 * rows + 1, dtype=np.int32)
             q = np.ones(bs, dtype=np.int32) if dec else np.asarray(ext_cpu, dtype=np.int32)

@@ -40,6 +40,15 @@ class TpuSRTPlatform(SRTPlatform):
         super().__init__()
         self._host_threads = torch.get_num_threads()
 
+    def init_backend(self) -> None:
+        # SGLang calls this once in each model process (model_runner.py:270). Unless the user
+        # chose a mode (TORCHTPU_MODE), a step's eager work runs in torchtpu's defer_and_fuse
+        # mode: the scheduler's input preparation, the model, the sampler fused into a few
+        # programs per step (strict mode: one program per op, ~100 per decode step of a 2-layer
+        # model).
+        if not os.environ.get("TORCHTPU_MODE"):
+            torchtpu.set_mode("defer_and_fuse")
+
     # ------------------------------------------------------------ device queries
     def get_device(self, device_id: int | None = 0) -> str:
         # a string: SGLang splits it on ":" (arg_groups/serving_hook.py)

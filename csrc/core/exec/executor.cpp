@@ -277,6 +277,14 @@ static Value FlatAs(hlo::Builder& b, Value flat, ET et, int64_t need) {
   return flat;
 }
 
+// A contiguous view starting past the storage's first element is read and written at an
+// offset that is a program argument, not a constant: a view that moves from call to call
+// (a ring buffer's window, a slice at a step counter) reuses one compiled program.
+static bool DynamicOffset(const hlo::ViewSpec& spec, int64_t flat_len) {
+  int64_t n = spec.numel();
+  return spec.offset != 0 && n > 0 && n < flat_len && spec.contiguous();
+}
+
 static int64_t Extent(const at::Tensor& t) {
   if (t.numel() == 0) return 0;
   int64_t e = t.storage_offset() + 1;
@@ -313,7 +321,10 @@ Value Region::Read(const at::Tensor& t) {
   Value out;
   if (CachedRead(slots_[si], et, spec, &out)) return out;
   Value flat = FlatAs(*b_, slots_[si].v, et, Extent(t));
-  out = hlo::ReadView(*b_, flat, spec);
+  Value off;
+  bool dyn = DynamicOffset(spec, flat.dims()[0]);
+  if (dyn) off = Scalar(c10::Scalar(spec.offset), ET::S64);
+  out = hlo::ReadView(*b_, flat, spec, dyn ? &off : nullptr);
   RememberRead(slots_[si], et, spec, out);
   return out;
 }
@@ -342,7 +353,10 @@ void Region::Write(const at::Tensor& t, Value v) {
   }
   int si = SlotFor(st, et);
   base = FlatAs(*b_, slots_[si].v, et, std::max(total, Extent(t)));
-  slots_[si].v = hlo::WriteView(*b_, base, v, spec);
+  Value off;
+  bool dyn = DynamicOffset(spec, base.dims()[0]);
+  if (dyn) off = Scalar(c10::Scalar(spec.offset), ET::S64);
+  slots_[si].v = hlo::WriteView(*b_, base, v, spec, dyn ? &off : nullptr);
   slots_[si].written = true;
 }
 
