@@ -40,11 +40,11 @@ def register_backend() -> None:
     """Adds ``torchtpu_paged`` to SGLang's attention registry and ``--attention-backend`` choices
     (both public: attention_registry.register_attention_backend, choices.add_attention_backend_choices).
     Idempotent."""
-    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+    from sglang.srt.arg_groups import choices
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
 
-    if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
-        add_attention_backend_choices([BACKEND_NAME])
+    if BACKEND_NAME not in choices.ATTENTION_BACKEND_CHOICES:
+        choices.add_attention_backend_choices([BACKEND_NAME])
     if BACKEND_NAME not in ATTENTION_BACKENDS:
         register_attention_backend(BACKEND_NAME)(TpuPagedAttnBackend)
 
