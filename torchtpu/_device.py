@@ -12,10 +12,11 @@ plugin_kind = None
 plugin_path = None
 plugin_error = None
 requested_index = None
+active_slot = 0  # the local slot this process drives (set_device's index, LOCAL_RANK, or 0)
 
 
 def configure() -> None:
-    global plugin_kind, plugin_path, plugin_error
+    global plugin_kind, plugin_path, plugin_error, active_slot
     from . import _C
 
     plugin_error = None
@@ -32,8 +33,10 @@ def configure() -> None:
             "it needs a Cloud TPU VM; elsewhere use TORCHTPU_PLUGIN=cpu or cuda (libtpu still compiles for a "
             "TPU topology here: torchtpu.aot)")
         plugin_kind, plugin_path = None, ""
+    lr = os.environ.get("LOCAL_RANK")
+    active_slot = requested_index if requested_index is not None else (int(lr) if lr not in (None, "") else 0)
     try:
-        index = physical_index(_env.VISIBLE_DEVICES.get(), os.environ.get("LOCAL_RANK"), requested_index)
+        index = physical_index(_env.VISIBLE_DEVICES.get(), lr, requested_index)
     except ValueError as e:  # reported on first use of the device, like a missing plugin
         plugin_error, index = e, 0
     count = int(_env.CPU_DEVICES.get() or "1")

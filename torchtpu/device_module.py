@@ -62,13 +62,14 @@ def set_device(device) -> None:
     """Selects which physical device this process drives (before first use).
 
     Each process drives exactly one device; after the runtime has started the
-    only valid index is the one in use (exposed as index 0).
+    only valid indices are the one in use (exposed as index 0) and the local slot that chose
+    it (``set_device(local_rank)`` again, as CUDA code calls it in each rank's process).
     """
     from . import _device
 
     idx = _check_index(device)
     if _C()._started():
-        if idx != 0:
+        if idx not in (0, _device.active_slot):
             raise ValueError(f"torch.tpu.set_device({idx}): this process already drives one tpu "
                              f"device (index 0); valid range is [0, 0]. Choose the physical device "
                              f"with TORCHTPU_VISIBLE_DEVICES or set_device before first use.")

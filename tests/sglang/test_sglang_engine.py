@@ -83,3 +83,24 @@ def test_greedy_matches_hf_fp32(tmp_path, llama, graph, mode, max_programs):
     if max_programs is not None:
         assert max(progs) <= max_programs, progs
     print("programs per decode step", graph, sorted(progs))
+
+
+def test_tensor_parallel_2(tmp_path, llama):
+    """--tp 2: two SGLang scheduler processes, one tpu device each, joined by torchtpu's c10d
+    backend ("tpu"); SGLang's column/row-parallel layers all-reduce through it. HF's greedy tokens,
+    every op native in both ranks."""
+    import tiny
+
+    d, model, tok = llama
+    ref = tiny.hf_greedy(model, tok, PROMPTS, MAX_TOKENS)
+    ids = [tok(p)["input_ids"] for p in PROMPTS]
+    res, steps = run_engine(tmp_path, {"model": d, "engine": dict(ENGINE, tp_size=2),
+                                       "batches": [{"input_ids": ids, "sampling_params": GREEDY}]},
+                            mode=None, timeout=400)
+    assert [o["output_ids"] for o in res["batches"][0]] == ref
+    ranks = {}
+    for r in steps:
+        if "mode" in r:
+            ranks[r["pid"]] = r
+    assert len(ranks) == 2, ranks
+    assert all(r["cpu_fallbacks"] == {} for r in ranks.values()), ranks

@@ -25,6 +25,16 @@ def _compiled_steps() -> bool:
     return os.environ.get("TORCHTPU_SGLANG_GRAPH", "1") != "0"
 
 
+def _local(device_id) -> int:
+    """This process's device for SGLang's ``gpu_id``: SGLang runs one scheduler process per TP
+    rank and passes the rank's gpu_id to device queries, some of them before it calls
+    set_device; the first of them selects the device (torch.tpu.set_device before first use),
+    after which it is this process's only device, index 0."""
+    if device_id and not torch.tpu.is_initialized():
+        torch.tpu.set_device(int(device_id))
+    return 0
+
+
 class TpuSRTPlatform(SRTPlatform):
     _enum = PlatformEnum.OOT
     device_name: str = "tpu"
@@ -51,17 +61,19 @@ class TpuSRTPlatform(SRTPlatform):
 
     # ------------------------------------------------------------ device queries
     def get_device(self, device_id: int | None = 0) -> str:
-        # a string: SGLang splits it on ":" (arg_groups/serving_hook.py)
-        return "tpu" if device_id is None else f"tpu:{int(device_id)}"
+        # a string: SGLang splits it on ":" (arg_groups/serving_hook.py); one device per process
+        if device_id is not None:
+            _local(device_id)
+        return "tpu"
 
     def set_device(self, device) -> None:
         torch.tpu.set_device(device)
 
     def get_device_name(self, device_id: int = 0) -> str:
-        return torch.tpu.get_device_name(device_id)
+        return torch.tpu.get_device_name(_local(device_id))
 
     def get_device_uuid(self, device_id: int = 0) -> str:
-        info = torch.tpu.get_device_properties(device_id)
+        info = torch.tpu.get_device_properties(_local(device_id))
         return f"{info.platform_name}-{info.device_kind}-{device_id}"
 
     def get_device_capability(self, device_id: int = 0):
@@ -69,14 +81,14 @@ class TpuSRTPlatform(SRTPlatform):
 
     def get_device_total_memory(self, device_id: int = 0) -> int:
         # the device's memory, or TORCHTPU_MEMORY_LIMIT where set (torch.tpu.mem_get_info)
-        return int(torch.tpu.mem_get_info(device_id)[1])
+        return int(torch.tpu.mem_get_info(_local(device_id))[1])
 
     def get_current_memory_usage(self, device=None) -> float:
         # SGLang sizes the KV pool as (total - this) * --mem-fraction-static
         return float(torch.tpu.memory_allocated(device))
 
     def get_available_memory(self, device_id: int = 0) -> tuple[int, int]:
-        free, total = torch.tpu.mem_get_info(device_id)
+        free, total = torch.tpu.mem_get_info(_local(device_id))
         return int(free), int(total)
 
     def is_pin_memory_available(self, device=None) -> bool:
@@ -94,7 +106,7 @@ class TpuSRTPlatform(SRTPlatform):
     def get_group_coordinator_device(self, local_rank: int) -> torch.device:
         # one process per device: each rank's own "tpu" device (TORCHTPU_VISIBLE_DEVICES
         # indexed by the local rank where a host has several)
-        return torch.device("tpu", local_rank if local_rank < torch.tpu.device_count() else 0)
+        return torch.device("tpu", _local(local_rank))
 
     def get_dispatch_key_name(self) -> str:
         return "native"  # SGLang's fused ops run forward_native: plain torch ops on tpu
