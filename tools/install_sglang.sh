@@ -11,8 +11,10 @@
 # (sglang/srt/utils/common.py imports it unconditionally; the PyPI wheel imports without a GPU) and
 # PyPI's torchvision 0.29.x, the release matching PyPI's torch 2.14.1 (sglang's configs import it).
 # Use a venv of its own: SGLang pins transformers 5.19.0; the main tests use 5.23.0.
-# Idempotent. Last step: when torchtpu is not pip-installed for $PYTHON (a source tree on
-# PYTHONPATH), a tiny distribution "torchtpu-sglang-dev" declares torchtpu's SGLang entry points.
+# Idempotent. TORCHTPU_INSTALL=1: also builds and installs this checkout's torchtpu into the venv
+# (for torch 2.14.1, build dir build/torch2.14.1), declaring its entry points. Otherwise, when
+# torchtpu is not pip-installed for $PYTHON (a source tree on PYTHONPATH, as tools/test_sglang.sh
+# runs it), a tiny distribution "torchtpu-sglang-dev" declares torchtpu's SGLang entry points.
 set -euo pipefail
 PYTHON="${PYTHON:-python3}"
 TORCH_PIN="torch==2.14.1"
@@ -29,6 +31,14 @@ if ! "$PYTHON" -c 'import importlib.metadata as m, sys; sys.exit(0 if m.version(
     python-multipart "pyzmq>=25.1.2" regex requests scipy "sentencepiece==0.2.1" setproctitle "soundfile==0.13.1" \
     tiktoken "timm==1.0.25" "tokenizers==0.23.2" tqdm "transformers==5.19.0" "uvicorn>=0.51" uvloop watchfiles \
     "xgrammar==0.2.7" xxhash zstandard httpx
+fi
+
+if [ "${TORCHTPU_INSTALL:-0}" = 1 ]; then
+  cd "$(dirname "$0")/.."
+  "$PYTHON" -m pip uninstall -q -y torchtpu-sglang-dev 2>/dev/null || true
+  "${PIP[@]}" "$TORCH_PIN" scikit-build-core ninja xla-cpu-pjrt numpy
+  TORCH_DEVICE_BACKEND_AUTOLOAD=0 CCACHE_BASEDIR="$(pwd)" "${PIP[@]}" --no-build-isolation \
+    -C build-dir=build/torch2.14.1 "$TORCH_PIN" .
 fi
 
 "$PYTHON" - <<'PY'

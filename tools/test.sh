@@ -56,13 +56,9 @@ $PY -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:--m "not slow"} tests
 if [ -z "${PYTEST_ARGS:-}" ] && [ "$TORCH" = "2.13.0" ]; then
   for mode in defer_and_fuse debug; do
     echo "== TORCHTPU_MODE=$mode"
-    CHECK=(env)
-    # every program of the defer_and_fuse subset must compile for TPU v5e (compiled on a
-    # background thread beside the tests; any failure fails the session, listing the programs)
-    if [ "$mode" = defer_and_fuse ]; then
-      CHECK=(env TORCHTPU_TPU_CHECK=v5e:1x1 ALLOW_MULTIPLE_LIBTPU_LOAD=1)
-    fi
-    "${CHECK[@]}" TORCHTPU_MODE=$mode $PY -m pytest -q -p no:cacheprovider -m "not slow" \
+    # (the TPU v5e compile check runs on the strict subset below; on this subset it doubled
+    # the time, ~3.5 min of CI's budget, and has found nothing since it was added)
+    TORCHTPU_MODE=$mode $PY -m pytest -q -p no:cacheprovider -m "not slow" \
       tests/test_basic.py tests/test_views.py tests/test_copy.py tests/test_ops_nn.py tests/test_ops_train.py
   done
   echo "== TORCHTPU_TPU_CHECK=v5e:1x1 (strict): torch.compile, Hugging Face models, low precision"
