@@ -19,7 +19,12 @@ with ``async_generate(stream=True)``:
   * shared_prefix (sglang_eager_fuse's engine): c requests sharing a 96-token prefix with
     a distinct 8-token tail, first with a cold radix cache (after flush_cache) then warm;
   * static_tpu: ``torchtpu.generation.StaticGenerator`` (torch.compile backend "tpu", static cache,
-    prompts padded to bucket 16) on the batch of c prompts, in this process.
+    prompts padded to bucket 16) on the batch of c prompts, in this process;
+  * ``--vllm-python PY``: benchmarks/bench_vllm.py in vLLM's venv (PY, with this checkout on
+    PYTHONPATH built for its torch 2.13: run this script itself from an environment where
+    torchtpu is pip-installed for torch 2.14.1, e.g. ``TORCHTPU_INSTALL=1 tools/install_sglang.sh``)
+    with the same model, concurrencies, trials, prompt length and new tokens, right after the
+    SGLang configurations: vLLM's eager and full-graph steps and its own StaticGenerator run.
 
 Figures: output tokens/s = c * new / wall time; TTFT = median over the c requests of the time to
 their first streamed chunk (static_tpu: the batch's first token on the host); programs/step =
@@ -105,6 +110,7 @@ def main():
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=12)
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS) + ["static_tpu"])
+    ap.add_argument("--vllm-python", help="vLLM venv's python: also run bench_vllm.py (see the docstring)")
     ap.add_argument("--json")
     args = ap.parse_args()
 
@@ -195,13 +201,41 @@ def main():
             results["static_tpu"][c] = {"tokens_per_s": summary([c * args.new / w for w in walls])}
             print("static_tpu", c, json.dumps(results["static_tpu"][c]), flush=True)
 
-    base = results.get("sglang_eager_strict")
-    for cfg, r in results.items():
-        if cfg in ("shared_prefix",) or base is None:
+    if args.vllm_python:
+        import subprocess
+
+        out = tempfile.mktemp(suffix=".json")
+        env = {k: v for k, v in os.environ.items() if k not in ("TORCHTPU_MODE", "TORCHTPU_SGLANG_STEP_LOG")}
+        env["PYTHONPATH"] = ROOT
+        subprocess.run([args.vllm_python, os.path.join(ROOT, "benchmarks", "bench_vllm.py"), "--concurrency",
+                        *map(str, args.concurrency), "--trials", str(args.trials), "--new", str(args.new),
+                        "--prompt-len", str(args.prompt_len), "--json", out], env=env, check=True)
+        with open(out) as f:
+            rep = json.load(f)
+        for r in rep["results"]:
+            c = r["concurrency"] if "concurrency" in r else r.get("c")
+            for cfg in ("vllm_tpu", "vllm_compiled", "static_tpu"):
+                results.setdefault("bench_vllm_" + cfg, {})[c] = {
+                    "tokens_per_s": {"median": r[cfg]["tok_s"], "min": r[cfg]["tok_s_spread"][0],
+                                     "max": r[cfg]["tok_s_spread"][1]},
+                    "ttft_s": {"median": r[cfg]["ttft_ms"] / 1000}}
+        for c in args.concurrency:
+            sg = results.get("sglang_compiled_fuse", {}).get(c)
+            vl = results.get("bench_vllm_vllm_compiled", {}).get(c)
+            if sg and vl:
+                print(f"c={c}: sglang_compiled_fuse / vllm_compiled tokens/s "
+                      f"{sg['tokens_per_s']['median'] / vl['tokens_per_s']['median']:.2f}", flush=True)
+
+    for ref in ("sglang_eager_strict", "static_tpu"):
+        base = results.get(ref)
+        if base is None:
             continue
-        ratios = {c: round(r[c]["tokens_per_s"]["median"] / base[c]["tokens_per_s"]["median"], 2)
-                  for c in args.concurrency if c in r and c in base}
-        print(f"{cfg}: tokens/s vs sglang_eager_strict {ratios}", flush=True)
+        for cfg, r in results.items():
+            if cfg == ref or cfg == "shared_prefix":
+                continue
+            ratios = {c: round(r[c]["tokens_per_s"]["median"] / base[c]["tokens_per_s"]["median"], 2)
+                      for c in args.concurrency if c in r and c in base}
+            print(f"{cfg}: tokens/s vs {ref} {ratios}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1, default=str)

@@ -281,6 +281,11 @@ static Value FlatAs(hlo::Builder& b, Value flat, ET et, int64_t need) {
 // offset that is a program argument, not a constant: a view that moves from call to call
 // (a ring buffer's window, a slice at a step counter) reuses one compiled program.
 static bool DynamicOffset(const hlo::ViewSpec& spec, int64_t flat_len) {
+  static const bool on = [] {
+    const char* e = std::getenv("TORCHTPU_DYNAMIC_VIEW_OFFSETS");
+    return !(e && std::string(e) == "0");
+  }();
+  if (!on) return false;
   int64_t n = spec.numel();
   return spec.offset != 0 && n > 0 && n < flat_len && spec.contiguous();
 }
