@@ -11,4 +11,4 @@ VENV=${TORCHTPU_SGLANG_VENV:-$HOME/.cache/torchtpu/venv-sglang}
 PYTHON="$VENV/bin/python" bash tools/install_sglang.sh
 TORCH_DEVICE_BACKEND_AUTOLOAD=0 PYTHONPATH="$PWD" "$VENV/bin/python" -c 'import torchtpu, torch; torch.ones(1, device="tpu")' \
   || { echo "test_sglang: this checkout's torchtpu/_C is not a torch 2.14.1 build: run TORCH=2.14.1 bash tools/test.sh first" >&2; exit 1; }
-PYTHONPATH="$PWD" "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/sglang
+PYTHONPATH="$PWD" "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" tests/sglang

@@ -43,8 +43,11 @@ def decode_step_compiles(records: list[dict]) -> list[int]:
             if a["mode"] == b["mode"] == "DECODE" and a["pid"] == b["pid"]]
 
 
-@pytest.mark.parametrize("graph,mode,max_programs", [("eager", "strict", None), ("fuse", None, 3),
-                                                     ("compile", None, 16)])
+@pytest.mark.parametrize("graph,mode,max_programs", [
+    ("eager", "strict", None), ("fuse", None, 3),
+    # not the default, slower than fuse (SGLang's models break Dynamo's graph per layer): CI's
+    # budget runs it in the slow sweep only (pytest -m slow tests/sglang)
+    pytest.param("compile", None, 16, marks=pytest.mark.slow)])
 def test_greedy_matches_hf_fp32(tmp_path, llama, graph, mode, max_programs):
     """Six prompts of different lengths, max_running_requests 4 (continuous batching), four
     times on one engine: HF's greedy tokens every time; the later calls hit the radix cache
