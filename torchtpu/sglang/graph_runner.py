@@ -27,12 +27,9 @@ from __future__ import annotations
 
 import bisect
 import copy
-import logging
 import os
 
 import torch
-
-logger = logging.getLogger(__name__)
 
 
 def graph_kind() -> str:

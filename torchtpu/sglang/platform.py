@@ -19,12 +19,6 @@ from sglang.srt.platforms.interface import PlatformCapabilities, SRTPlatform
 ATTENTION_BACKEND = "torchtpu_paged"
 
 
-def _compiled_steps() -> bool:
-    """Decode steps as compiled programs (torchtpu/sglang/graph_runner.py) unless the user turns
-    them off (``--disable-cuda-graph`` reaches SGLang core, which then never asks for a runner)."""
-    return os.environ.get("TORCHTPU_SGLANG_GRAPH", "1") != "0"
-
-
 def _local(device_id) -> int:
     """This process's device for SGLang's ``gpu_id``: SGLang runs one scheduler process per TP
     rank and passes the rank's gpu_id to device queries, some of them before it calls
@@ -39,10 +33,11 @@ class TpuSRTPlatform(SRTPlatform):
     _enum = PlatformEnum.OOT
     device_name: str = "tpu"
     device_type: str = "tpu"
-    # graph_capture: SGLang asks get_graph_runner_cls() for the decode runner (our compiled
-    # steps); no Triton, no PyNccl (collectives go through the "tpu" c10d backend), no
+    # graph_capture: SGLang asks get_graph_runner_cls() for the decode runner (decode steps per
+    # batch bucket, torchtpu/sglang/graph_runner.py; --disable-cuda-graph turns it off in SGLang
+    # core); no Triton, no PyNccl (collectives go through the "tpu" c10d backend), no
     # piecewise CUDA-graph prefill, no HiCache device kernels.
-    capabilities = PlatformCapabilities(supports_triton=False, graph_capture=_compiled_steps(),
+    capabilities = PlatformCapabilities(supports_triton=False, graph_capture=True,
                                         piecewise_graph=False, hicache_device_kernels=False,
                                         supports_pynccl=False)
 
