@@ -34,7 +34,7 @@ def configure() -> None:
             "TPU topology here: torchtpu.aot)")
         plugin_kind, plugin_path = None, ""
     lr = os.environ.get("LOCAL_RANK")
-    active_slot = requested_index if requested_index is not None else (int(lr) if lr not in (None, "") else 0)
+    active_slot = local_slot(lr, requested_index)
     try:
         index = physical_index(_env.VISIBLE_DEVICES.get(), lr, requested_index)
     except ValueError as e:  # reported on first use of the device, like a missing plugin
@@ -47,17 +47,19 @@ def configure() -> None:
                   str(plugin_error) if plugin_error is not None else "")
 
 
-def physical_index(visible: str, local_rank: str | None, requested: int | None) -> int:
-    """The physical device this process drives.
+def local_slot(local_rank: str | None, requested: int | None) -> int:
+    """``torch.tpu.set_device(i)``'s index if called, else ``LOCAL_RANK`` (set by torchrun), else 0."""
+    if requested is not None:
+        return requested
+    return int(local_rank) if local_rank not in (None, "") else 0
 
-    The local slot is ``torch.tpu.set_device(i)`` if called, else ``LOCAL_RANK``
-    (set by torchrun), else 0. ``TORCHTPU_VISIBLE_DEVICES`` with one index pins
-    the device; with a list ("4,5,6,7") the slot indexes into it, like
+
+def physical_index(visible: str, local_rank: str | None, requested: int | None) -> int:
+    """The physical device this process drives: its local slot (:func:`local_slot`) itself, or
+    ``TORCHTPU_VISIBLE_DEVICES``'s one index, or the slot's entry of its list ("4,5,6,7"), like
     CUDA_VISIBLE_DEVICES with ``cuda.set_device(local_rank)``.
     """
-    slot = requested
-    if slot is None:
-        slot = int(local_rank) if local_rank not in (None, "") else 0
+    slot = local_slot(local_rank, requested)
     devs = [int(x) for x in visible.split(",") if x.strip()]
     if not devs:
         return slot

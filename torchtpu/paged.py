@@ -18,6 +18,7 @@ keys then values along the last axis. Token ``t`` of a request lives in slot
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 _lib = torch.library.Library("torchtpu", "FRAGMENT")
@@ -123,6 +124,21 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, query_start_loc
     return torch.ops.torchtpu.paged_attention(query, kv_cache, query_start_loc, seq_lens, block_tables,
                                               float(scale), int(sliding_window or 0), float(soft_cap or 0.0),
                                               sinks)
+
+
+def step_metadata(query_start_loc, seq_lens, rows: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A step's ``query_start_loc [n+1]`` and ``seq_lens [n]`` (host arrays of n requests) padded to
+    ``rows`` requests -- padding requests have no query rows (they repeat the last offset) and
+    length 0 -- and uploaded to ``device`` in one transfer: ``(query_start_loc [rows+1], seq_lens
+    [rows])`` as int32. A fixed ``rows`` keeps the attention program's shapes fixed from step to
+    step (every serving integration builds its metadata with it)."""
+    n = len(seq_lens)
+    host = np.zeros(2 * rows + 1, dtype=np.int32)
+    host[: n + 1] = query_start_loc
+    host[n + 1: rows + 1] = host[n]
+    host[rows + 1: rows + 1 + n] = seq_lens
+    dev = torch.from_numpy(host).to(device)
+    return dev[: rows + 1], dev[rows + 1:]
 
 
 def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -30,7 +30,7 @@ import torchtpu
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc, MHATokenToKVPool
-from torchtpu.paged import paged_attention, write_kv
+from torchtpu.paged import paged_attention, step_metadata, write_kv
 
 BACKEND_NAME = "torchtpu_paged"
 _MIN_ROWS = 8
@@ -76,15 +76,16 @@ class TpuMHATokenToKVPool(MHATokenToKVPool):
 
     def paged_cache(self, layer_id: int) -> torch.Tensor:
         """Layer ``layer_id``'s cache as ``[pages, page_size, kv_heads, head_dim + v_head_dim]``."""
-        b = self.kv_buffer[layer_id - self.start_layer]
+        return self._paged(layer_id - self.start_layer)
+
+    def _paged(self, layer_idx: int) -> torch.Tensor:
+        b = self.kv_buffer[layer_idx]
         return b.view(b.shape[0] // self.page_size, self.page_size, b.shape[1], b.shape[2])
 
     def _store_kv_layer(self, layer_idx: int, loc: torch.Tensor, cache_k: torch.Tensor,
                         cache_v: torch.Tensor):
-        b = self.kv_buffer[layer_idx]
-        write_kv(b.view(b.shape[0] // self.page_size, self.page_size, b.shape[1], b.shape[2]),
-                 cache_k.view(-1, self.head_num, self.head_dim), cache_v.view(-1, self.head_num, self.v_head_dim),
-                 loc)
+        write_kv(self._paged(layer_idx), cache_k.view(-1, self.head_num, self.head_dim),
+                 cache_v.view(-1, self.head_num, self.v_head_dim), loc)
 
 
 # TORCHTPU_SGLANG_STEP_LOG=<file>: each forward of each model process appends one JSON line --
@@ -140,13 +141,8 @@ class TpuPagedAttnBackend(AttentionBackend):
         ext_cpu = fb.extend_seq_lens_cpu
         if seq_cpu is not None and seq_cpu.device.type == "cpu" and (dec or ext_cpu is not None):
             # host metadata: one upload of query_start_loc | seq_lens
-            host = np.zeros(2 * rows + 1, dtype=np.int32)
-            q = np.ones(bs, dtype=np.int32) if dec else np.asarray(ext_cpu, dtype=np.int32)
-            host[1: bs + 1] = np.cumsum(q)
-            host[bs + 1: rows + 1] = host[bs]
-            host[rows + 1: rows + 1 + bs] = np.asarray(seq_cpu[:bs], dtype=np.int32)
-            dev = torch.from_numpy(host).to(self.device)
-            qsl, seq = dev[: rows + 1], dev[rows + 1:]
+            q = np.ones(bs, dtype=np.int64) if dec else np.asarray(ext_cpu[:bs], dtype=np.int64)
+            qsl, seq = step_metadata(np.concatenate([[0], np.cumsum(q)]), seq_cpu[:bs].numpy(), rows, self.device)
         else:
             q = (torch.ones(bs, dtype=torch.int32, device=self.device) if dec
                  else fb.extend_seq_lens[:bs].to(torch.int32))

@@ -21,10 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
 import torch
 
-from torchtpu.paged import paged_attention, write_kv
+from torchtpu.paged import paged_attention, step_metadata, write_kv
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionCGSupport,
@@ -129,21 +128,17 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
         cm = common_attn_metadata
         n_req, n_tok = cm.num_reqs, cm.num_actual_tokens
         R = max(self.max_reqs, n_req)
-        qsl = cm.query_start_loc_cpu[: n_req + 1].numpy().astype(np.int32)
+        qsl = cm.query_start_loc_cpu[: n_req + 1].numpy()
         if cm.seq_lens_cpu_upper_bound is not None:  # exact without async spec decode (off here)
-            seq = cm.seq_lens_cpu_upper_bound[:n_req].numpy().astype(np.int32)
+            seq = cm.seq_lens_cpu_upper_bound[:n_req].numpy()
         else:
-            seq = cm.seq_lens[:n_req].cpu().numpy().astype(np.int32)
-        host = np.zeros(2 * R + 1, dtype=np.int32)  # query_start_loc | seq_lens, one upload
-        host[: n_req + 1] = qsl
-        host[n_req + 1: R + 1] = qsl[-1] if n_req else 0
-        host[R + 1: R + 1 + n_req] = seq
-        dev = torch.from_numpy(host).to(self.device)
+            seq = cm.seq_lens[:n_req].cpu().numpy()
+        qsl_dev, seq_dev = step_metadata(qsl, seq, R, self.device)
         table = cm.block_table_tensor[:n_req].to(torch.int32)
         if table.shape[0] < R:
             table = torch.nn.functional.pad(table, (0, 0, 0, R - table.shape[0]))
-        return TpuPagedAttentionMetadata(num_actual_tokens=n_tok, num_reqs=n_req, query_start_loc=dev[: R + 1],
-                                         seq_lens=dev[R + 1:], block_table=table)
+        return TpuPagedAttentionMetadata(num_actual_tokens=n_tok, num_reqs=n_req, query_start_loc=qsl_dev,
+                                         seq_lens=seq_dev, block_table=table)
 
 
 class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):
