@@ -568,26 +568,18 @@ MODELS = {"qwen3": make_qwen3, "gemma": make_gemma, "qwen3_moe": make_qwen3_moe,
 
 def hf_greedy(model, tok, prompts: list[str], max_tokens: int) -> list[list[int]]:
     """Hugging Face greedy decoding on CPU, one prompt at a time (no padding), EOS ignored."""
-    import torch
-
-    outs = []
-    for p in prompts:
-        ids = torch.tensor([tok(p)["input_ids"]])
-        with torch.no_grad():
-            g = model.generate(ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
-                               eos_token_id=None, pad_token_id=tok.pad_token_id)
-        outs.append(g[0, ids.shape[1]:].tolist())
-    return outs
+    return [hf_greedy_ids(model, tok(p)["input_ids"], max_tokens, tok.pad_token_id) for p in prompts]
 
 
-def hf_greedy_ids(model, ids: list[int], max_tokens: int) -> list[int]:
+def hf_greedy_ids(model, ids: list[int], max_tokens: int, pad_token_id: int | None = None) -> list[int]:
     """Hugging Face greedy decoding on CPU of one prompt given as token ids, EOS ignored."""
     import torch
 
     t = torch.tensor([ids])
     with torch.no_grad():
         g = model.generate(t, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
-                           eos_token_id=None, pad_token_id=model.config.pad_token_id)
+                           eos_token_id=None,
+                           pad_token_id=model.config.pad_token_id if pad_token_id is None else pad_token_id)
     return g[0, len(ids):].tolist()
 
 
