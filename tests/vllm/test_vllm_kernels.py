@@ -132,3 +132,130 @@ def test_synthetic_mode_is_refused():
     with pytest.raises(NotImplementedError, match="synthetic"):
         K.rejection_greedy_sample(out, one, one, one.long(), one.long().view(1, 1), None, 1,
                                   torch.rand(1, device="tpu"), torch.ones(1, device="tpu"))
+
+
+# -- the drafters' kernels (vllm/v1/spec_decode/utils.py), each against a loop over its Triton
+#    program ids written from the kernel's code
+
+
+def test_eagle_step_slot_mapping_metadata():
+    bs, max_len, nblk, pad = 4, 20, 5, -1
+    g = torch.Generator().manual_seed(1)
+    table = torch.randint(1, 50, (6, nblk + 2), generator=g, dtype=torch.int32)
+    view = table[:, :nblk]  # a strided view, as the proposer passes
+    positions = torch.tensor([0, 3, 18, 19, 7], dtype=torch.int64)
+    seq_lens = torch.tensor([1, 4, 19, 20, 8], dtype=torch.int32)
+    batch, input_batch = 4, 6  # rows 4-5: the launch's padding
+    ref_pos = torch.zeros(batch, dtype=torch.int64)
+    ref_slot = torch.full((input_batch,), 99, dtype=torch.int64)
+    ref_seq = seq_lens.clone()
+    for r in range(input_batch):
+        if r >= batch:
+            ref_slot[r] = pad
+            continue
+        p = int(positions[r]) + 1
+        ex = p >= max_len
+        cp = 0 if ex else p
+        blk = min(cp // bs, nblk - 1)
+        ref_pos[r] = cp
+        ref_slot[r] = pad if ex else int(view[r, blk]) * bs + cp % bs
+        ref_seq[r] = min(1 if ex else int(seq_lens[r]) + 1, max_len)
+    out_pos = torch.zeros(batch, dtype=torch.int64, device="tpu")
+    out_slot = torch.full((input_batch,), 99, dtype=torch.int64, device="tpu")
+    seq_t = seq_lens.to("tpu")
+    K.eagle_step_slot_mapping_metadata(positions.to("tpu"), table.to("tpu")[:, :nblk], table.stride(0), seq_t,
+                                       out_pos, out_slot, bs, max_len, nblk, pad, batch)
+    assert out_pos.cpu().tolist() == ref_pos.tolist()
+    assert out_slot.cpu().tolist() == ref_slot.tolist()
+    assert seq_t.cpu().tolist() == ref_seq.tolist()
+
+
+def test_eagle_prepare_inputs_padded():
+    cu = torch.tensor([3, 3, 5, 8, 0], dtype=torch.int32)  # inclusive; row 4 past num_reqs
+    valid = torch.tensor([2, 1, 3, 1, 7], dtype=torch.int32)
+    qsl = torch.tensor([0, 4, 5, 8, 12, 12], dtype=torch.int32)
+    n = 4
+    idx_ref, rej_ref = [-7] * 5, [-7] * 5
+    for r in range(n):
+        nd = int(cu[r]) - (int(cu[r - 1]) if r else 0)
+        rej = nd + 1 - int(valid[r]) if nd > 0 else 0
+        idx_ref[r], rej_ref[r] = int(qsl[r + 1]) - 1 - rej, rej
+    idx = torch.full((5,), -7, dtype=torch.int32, device="tpu")
+    rej = torch.full((5,), -7, dtype=torch.int32, device="tpu")
+    K.eagle_prepare_inputs_padded(cu.to("tpu"), valid.to("tpu"), qsl.to("tpu"), idx, rej, n)
+    assert idx.cpu().tolist() == idx_ref and rej.cpu().tolist() == rej_ref
+
+
+def test_eagle_prepare_next_token_padded():
+    vocab = 10
+    sampled = torch.tensor([[3, 4, -1, -1], [-1, -1, -1, -1], [1, 2, 11, -1], [5, 6, 7, 8], [9, 9, 9, 9]],
+                           dtype=torch.int32)
+    discard = torch.tensor([False, False, False, True, False])
+    backup = torch.tensor([40, 41, 42, 43, 44], dtype=torch.int32)
+    n, w = 4, 4
+    nxt_ref, cnt_ref = [-5] * 5, [-5] * 5
+    for r in range(n):
+        if discard[r]:
+            nxt_ref[r], cnt_ref[r] = int(backup[r]), 0
+            continue
+        ok = [j for j in range(w) if int(sampled[r, j]) != -1 and int(sampled[r, j]) < vocab]
+        cnt_ref[r] = len(ok)
+        nxt_ref[r] = int(sampled[r, ok[-1]]) if ok else int(backup[r])
+    nxt = torch.full((5,), -5, dtype=torch.int32, device="tpu")
+    cnt = torch.full((5,), -5, dtype=torch.int32, device="tpu")
+    K.eagle_prepare_next_token_padded(sampled.to("tpu"), discard.to("tpu"), backup.to("tpu"), nxt, cnt, vocab, w, n,
+                                      sampled.stride(0), BLOCK_SIZE_TOKENS=4)
+    assert nxt.cpu().tolist() == nxt_ref and cnt.cpu().tolist() == cnt_ref
+
+
+@pytest.mark.parametrize("shift", [False, True])
+@pytest.mark.parametrize("slots", [1, 3])
+def test_copy_and_expand_eagle_inputs(shift, slots):
+    qsl = [0, 4, 7, 8, 12]  # a prefill of 4, decodes with drafts and rejections
+    rejected = [0, 1, 0, 2]
+    qe = [qsl[r + 1] - 1 - rejected[r] for r in range(4)]
+    total_in = qsl[-1]
+    g = torch.Generator().manual_seed(2)
+    tids = torch.randint(1, 90, (total_in,), generator=g, dtype=torch.int32)
+    tpos = torch.arange(total_in, dtype=torch.int64) + 30
+    nxt = torch.tensor([91, 92, 93, 94], dtype=torch.int32)
+    size = total_in + 4 * slots + 4
+    ref = {"ids": [-9] * size, "pos": [-9] * size, "rej": [False] * size, "mask": [False] * size,
+           "new": [-9] * (4 * slots), "hid": [-9] * total_in}
+    for r in range(4):
+        if shift:
+            nv, off, start = qe[r] - qsl[r], 1, qsl[r] + r * (slots - 1)
+        else:
+            nv, off, start = qe[r] - qsl[r] + 1, 0, qsl[r] + r * slots
+        total = nv + slots + (qsl[r + 1] - qe[r] - 1)
+        for j in range(total):
+            o = start + j
+            tok = int(tids[min(qsl[r] + off + j, total_in - 1)]) if j < nv else 0
+            if j == nv:
+                tok = int(nxt[r])
+            if nv < j < nv + slots:
+                tok = 77
+            if j >= nv + slots:
+                tok = 0
+            ref["ids"][o], ref["pos"][o] = tok, (0 if j >= nv + slots else int(tpos[qsl[r]]) + j)
+            ref["rej"][o], ref["mask"][o] = j >= nv + slots, nv < j < nv + slots
+            if nv <= j < nv + slots:
+                ref["new"][r * slots + j - nv] = o
+        if shift:
+            for j in range(qsl[r + 1] - qsl[r]):
+                ref["hid"][qsl[r] + j] = start + j
+    out = {"ids": torch.full((size,), -9, dtype=torch.int32, device="tpu"),
+           "pos": torch.full((size,), -9, dtype=torch.int64, device="tpu"),
+           "rej": torch.zeros(size, dtype=torch.bool, device="tpu"),
+           "mask": torch.zeros(size, dtype=torch.bool, device="tpu"),
+           "new": torch.full((4 * slots,), -9, dtype=torch.int32, device="tpu"),
+           "hid": torch.full((total_in,), -9, dtype=torch.int32, device="tpu")}
+    q = torch.tensor(qsl, dtype=torch.int32, device="tpu")
+    K.copy_and_expand_eagle_inputs(tids.to("tpu"), tpos.to("tpu"), nxt.to("tpu"), out["ids"], out["pos"],
+                                   out["rej"], out["mask"], out["new"], out["hid"], q,
+                                   torch.tensor(qe, dtype=torch.int32, device="tpu"), 0, 77, total_in, slots,
+                                   shift, BLOCK_SIZE_TOKENS=8)
+    got = {k: v.cpu().tolist() for k, v in out.items()}
+    if not shift:
+        ref["hid"] = [-9] * total_in
+    assert got == ref

@@ -254,15 +254,13 @@ class TpuPlatform(Platform):
             else:
                 cc.cudagraph_mode = CUDAGraphMode.NONE
 
-        if vllm_config.speculative_config is not None:
-            # vLLM's GPU model runner builds torch.cuda.Stream()s for any speculative method
-            # (v1/worker/gpu_model_runner.py:908, 933, 940): not constructible without CUDA, and
-            # the runner's __init__ cannot be bypassed without patching. The rejection sampler's
-            # kernels are ready (kernels.py); docs/vllm.md has the upstream change.
+        spec = vllm_config.speculative_config
+        if spec is not None and spec.use_ngram_gpu():
+            # the device n-gram proposer is Triton kernels, CUDA events and a CUDA stream
+            # (gpu_model_runner.py:900-908, v1/spec_decode/ngram_proposer_gpu.py)
             raise NotImplementedError(
-                "torchtpu's vLLM platform: speculative decoding "
-                f"(method {vllm_config.speculative_config.method!r}) is not supported: vLLM 0.33's "
-                "model runner creates CUDA streams for it (gpu_model_runner.py:933)")
+                "torchtpu's vLLM platform: speculative method 'ngram_gpu' is not supported "
+                "(vLLM's device n-gram proposer is CUDA/Triton); use method 'ngram'")
 
         if cc.mode != CompilationMode.NONE:
             # vLLM's AOT compile cache (compilation/caching.py) stores and reloads Inductor

@@ -34,6 +34,25 @@ from vllm.v1.worker.worker_base import CompilationTimes
 logger = init_logger(__name__)
 
 
+_SPEC_STREAM_STATEMENT = "self.draft_token_ids_copy_stream = torch.cuda.Stream()"
+
+
+def _stopped_at(exc: BaseException, statement: str) -> bool:
+    """Whether exc was raised by exactly ``statement`` of GPUModelRunner.__init__ (its source
+    text, not its line number: a vLLM release that moves it still matches, one that changes it
+    does not and the error propagates)."""
+    import linecache
+
+    tb, frame = exc.__traceback__, None
+    while tb is not None:
+        f = tb.tb_frame
+        if f.f_code is GPUModelRunner.__init__.__wrapped__.__code__:
+            frame = tb
+        tb = tb.tb_next
+    return frame is not None and linecache.getline(
+        frame.tb_frame.f_code.co_filename, frame.tb_lineno).strip() == statement
+
+
 class TpuModelRunner(GPUModelRunner):
     """vLLM's v1 GPU model runner on a "tpu" device: eager, no CUDA streams or graphs,
     the KV cache as one plain tpu tensor per layer."""
@@ -41,13 +60,56 @@ class TpuModelRunner(GPUModelRunner):
     def __init__(self, vllm_config: VllmConfig, device: torch.device):
         if vllm_config.scheduler_config.async_scheduling:
             raise ValueError("torchtpu: async scheduling needs a copy stream; the platform turns it off")
-        super().__init__(vllm_config, device)
+        try:
+            super().__init__(vllm_config, device)
+        except RuntimeError as e:
+            # Speculative decoding: vLLM's constructor builds a CUDA stream for the draft-token
+            # copy (gpu_model_runner.py:933, the one torch.cuda statement on this path with
+            # async scheduling off). Where it stops there, the statements after it run below.
+            if not _stopped_at(e, _SPEC_STREAM_STATEMENT):
+                raise
+            self._finish_init_after_spec_stream()
         assert device.type == "tpu", device
         from .sampler import TpuTopKTopPSampler
 
         # Seeded requests: see torchtpu/vllm/sampler.py (exponential_ with a generator).
         self.sampler.topk_topp_sampler = TpuTopKTopPSampler(self.sampler.logprobs_mode,
                                                             self.sampler.use_fp64_gumbel)
+
+    def _finish_init_after_spec_stream(self) -> None:
+        """The rest of ``GPUModelRunner.__init__`` after its draft-token copy stream
+        (vLLM 0.33 gpu_model_runner.py:934-960; tests/vllm/test_vllm_spec.py checks that a
+        speculative runner has exactly a plain runner's attributes plus the speculative ones).
+        The copy is synchronous here (``_copy_draft_token_ids_to_cpu`` below): no stream."""
+        from vllm.model_executor.offloader import create_offloader, set_offloader
+
+        assert not self.use_async_scheduling  # lines 940-948 build async copies: not here
+        self.draft_token_ids_copy_stream = None
+        self.draft_token_ids_cpu = torch.empty((self.max_num_reqs, self.num_spec_tokens),
+                                               dtype=torch.int64, device="cpu")
+        set_offloader(create_offloader(self.offload_config))
+        self.execute_model_state = None
+        self.kv_connector_output = None
+        self.mamba_state_idx = {}
+        self._mamba_bufs = None
+        self._mamba_state_copy_funcs = None
+        self.layerwise_nvtx_hooks_registered = False
+
+    def _copy_draft_token_ids_to_cpu(self, scheduler_output, zeros_only: bool = False) -> None:
+        # GPUModelRunner's version copies on its CUDA stream (gpu_model_runner.py:4599-4634);
+        # here the device->host read is synchronous, the event recorded after it as there.
+        if torch.is_tensor(self._draft_token_ids):
+            self.prev_num_spec_tokens = self._draft_token_ids.shape[1]
+        self._draft_token_req_ids = self.input_batch.req_ids.copy()
+        draft = self._draft_token_ids
+        if not torch.is_tensor(draft):
+            return
+        rows, k = draft.shape
+        if zeros_only:
+            self.draft_token_ids_cpu[:rows, :k] = 0
+        else:
+            self.draft_token_ids_cpu[:rows, :k].copy_(draft)
+        self.draft_token_ids_event.record()
 
     def load_model(self, *args, **kwargs) -> None:
         super().load_model(*args, **kwargs)
