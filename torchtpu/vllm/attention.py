@@ -141,6 +141,28 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
                                          seq_lens=seq_dev, block_table=table)
 
 
+    def build_for_drafting(self, common_attn_metadata: CommonAttentionMetadata,
+                           draft_index: int) -> TpuPagedAttentionMetadata:
+        """Speculative decoding's drafter (EAGLE, draft models) moves its metadata on the
+        device between its passes (vllm/v1/spec_decode/llm_base_proposer.py: query offsets
+        extended, rejected tokens subtracted from ``seq_lens``, ``seq_lens`` advanced in place by
+        each step), leaving the host copies stale upper bounds: the device tensors are the truth,
+        padded to the fixed request rows on the device (no host round trip)."""
+        cm = common_attn_metadata
+        n_req = cm.num_reqs
+        R = max(self.max_reqs, n_req)
+        qsl = cm.query_start_loc[: n_req + 1].to(torch.int32)
+        seq = cm.seq_lens[:n_req].to(torch.int32)
+        if R > n_req:
+            qsl = torch.cat([qsl, qsl[n_req:].expand(R - n_req)])
+            seq = torch.cat([seq, seq.new_zeros(R - n_req)])
+        table = cm.block_table_tensor[:n_req].to(torch.int32)
+        if table.shape[0] < R:
+            table = torch.nn.functional.pad(table, (0, 0, 0, R - table.shape[0]))
+        return TpuPagedAttentionMetadata(num_actual_tokens=cm.num_actual_tokens, num_reqs=n_req,
+                                         query_start_loc=qsl, seq_lens=seq, block_table=table)
+
+
 class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int | None = None,
                  alibi_slopes: list[float] | None = None, sliding_window: int | None = None,

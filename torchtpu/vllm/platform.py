@@ -66,6 +66,13 @@ class TpuPlatform(Platform):
         register_kernels(OVERRIDES)
 
     @classmethod
+    def check_runner_kv_caches_multi_layer(cls) -> None:
+        """A draft model's layers carry the target's layer indices (speculative decoding). The
+        runner's flat cache list (``runner.kv_caches``) is only used here to zero freed blocks,
+        once per distinct tensor (worker.py ``_zero_block_ids``); each layer's own cache is
+        bound by name. So several layers per index are fine, as on CUDA (platforms/cuda.py)."""
+
+    @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:
         return torch.tpu.get_device_name(device_id)
 
