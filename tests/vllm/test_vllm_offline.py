@@ -265,23 +265,6 @@ def test_unsupported_dtype_is_named(tmp_path, llama):
     assert "float64" in (r.stdout + r.stderr)
 
 
-def test_speculative_decoding_is_refused_by_name(tmp_path, llama):
-    """vLLM 0.33's model runner needs CUDA streams for speculative decoding (docs/vllm.md): the
-    platform refuses it up front, naming the feature and where vLLM stops, instead of the
-    runner's 'torch.cuda.Stream requires CUDA support'."""
-    d, _, _ = llama
-    path = tmp_path / "spec.json"
-    kwargs = dict(LLM_KWARGS, speculative_config={"method": "ngram", "num_speculative_tokens": 3,
-                                                  "prompt_lookup_max": 3, "prompt_lookup_min": 1})
-    path.write_text(json.dumps({"model": d, "batches": [["Hello"]], "llm_kwargs": kwargs, "sampling": GREEDY}))
-    r = subprocess.run([sys.executable, os.path.join(HERE, "tiny.py"), "run", str(path)], env=_env(),
-                       capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
-    out = r.stdout + r.stderr
-    assert r.returncode != 0
-    assert "speculative decoding (method 'ngram') is not supported" in out, out[-3000:]
-    assert "gpu_model_runner.py:933" in out
-
-
 def _processes_with(marker: str) -> list[int]:
     """Live processes whose environment carries marker (TORCHTPU_TEST_MARK)."""
     pids = []

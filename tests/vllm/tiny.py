@@ -60,6 +60,36 @@ def make_llama(out_dir: str, seed: int = 0, vocab_size: int = 512):
     return model, tok
 
 
+def make_eagle(out_dir: str, target_dir: str, seed: int = 1):
+    """A tiny EAGLE(-1) draft head for the tiny Llama in ``target_dir``, in the layout vLLM's
+    ``EagleLlamaForCausalLM`` loads (vllm/model_executor/models/llama_eagle.py): the target's
+    Llama config with one layer, ``fc.weight [H, 2H]`` over (token embedding | target hidden
+    state) and ``layers.0.*`` without ``input_layernorm``; no ``embed_tokens`` / ``lm_head``, so
+    vLLM shares the target's. Random weights: its drafts are mostly rejected, the output must
+    still be the target's."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig.from_pretrained(target_dir)
+    cfg.num_hidden_layers = 1
+    cfg.architectures = ["LlamaForCausalLM"]
+    layer = _random(LlamaForCausalLM, cfg, seed).model.layers[0]
+    tensors = {f"layers.0.{k}": v.contiguous() for k, v in layer.state_dict().items()
+               if not k.startswith("input_layernorm")}
+    g = torch.Generator().manual_seed(seed)
+    tensors["fc.weight"] = torch.randn(cfg.hidden_size, 2 * cfg.hidden_size, generator=g) * 0.15
+    os.makedirs(out_dir, exist_ok=True)
+    cfg.save_pretrained(out_dir)
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    for f in os.listdir(target_dir):
+        if f.startswith("tokenizer") or f == "chat_template.jinja":
+            shutil.copy(os.path.join(target_dir, f), out_dir)
+    return out_dir
+
+
 def _random(model_cls, cfg, seed: int, std: float = 0.15):
     """model_cls(cfg) in eval mode with every matrix drawn from N(0, std): larger-than-default
     weights so greedy argmaxes are well separated (random init is ~flat)."""
@@ -661,6 +691,7 @@ def _worker_report(worker) -> dict:
                                      if any(c.__name__ == "RoutedExperts" for c in type(m).__mro__)
                                      and getattr(m, "quant_method", None) is not None}),
             "backend": str(dist.get_backend()) if dist.is_initialized() else None,
+            "runner_attrs": sorted(vars(worker.model_runner)),
             "cpu_fallbacks": m["cpu_fallbacks"], "native_executions": m["native_executions"]}
 
 

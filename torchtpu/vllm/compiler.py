@@ -145,31 +145,60 @@ def to_paged(gm: torch.fx.GraphModule, layers: dict, example_inputs: list) -> tu
     return specs, dropped
 
 
+_step_shapes: tuple[int, int] | None = None  # (request rows, block-table width) of the steps seen
+
+
 def _paged_inputs(specs: list[tuple[str, str]]) -> list | None:
     """The rewritten graph's extra inputs for this call, from vLLM's forward context; None when
-    the call has no attention metadata (vLLM's profiling run)."""
+    the call has no attention metadata and cannot have any (vLLM's profiling run: no KV cache).
+
+    A call without metadata once the caches are bound and a step's shapes are known (the
+    drafter's warm-up, ``llm_base_proposer.dummy_run``, runs its model with none) runs as an
+    empty step -- no request, every slot padding (written to the null block 0) -- so that its
+    program is compiled at warm-up, not at the first request."""
+    global _step_shapes
     from vllm.forward_context import get_forward_context, is_forward_context_available
 
     if not is_forward_context_available():
         return None
     ctx = get_forward_context()
     md, slots = ctx.attn_metadata, ctx.slot_mapping
-    if not isinstance(md, dict) or not isinstance(slots, dict):
+    empty = not isinstance(md, dict)
+    if empty and (_step_shapes is None or ctx.batch_descriptor is None):
         return None
+    if not isinstance(slots, dict):
+        slots = {}
     from .attention import kv_base
 
+    dev = next((ctx.no_compile_layers[l].kv_cache for k, l in specs if k == "cache"), None)
+    if not isinstance(dev, torch.Tensor) or dev.numel() == 0:
+        return None
+    dev = dev.device
     out = []
     for kind, layer in specs:
         if kind == "cache":
-            out.append(kv_base(ctx.no_compile_layers[layer].kv_cache))
+            kv = ctx.no_compile_layers[layer].kv_cache
+            if not isinstance(kv, torch.Tensor) or kv.numel() == 0:
+                return None
+            out.append(kv_base(kv))
         elif kind == "slots":
-            out.append(slots[layer])
+            s = slots.get(layer)
+            if s is None:
+                if not empty:
+                    return None
+                s = torch.full((ctx.batch_descriptor.num_tokens,), -1, dtype=torch.int64, device=dev)
+            out.append(s)
         elif kind == "sinks":
             out.append(ctx.no_compile_layers[layer].impl.sinks)
+        elif empty:
+            rows, width = _step_shapes
+            shape = {"qsl": (rows + 1,), "seq": (rows,), "table": (rows, width)}[kind]
+            out.append(torch.zeros(shape, dtype=torch.int32, device=dev))
         else:
             m = md.get(layer)
             if m is None:
                 return None
+            _step_shapes = (m.seq_lens.shape[0], m.block_table.shape[1])
             out.append({"qsl": m.query_start_loc, "seq": m.seq_lens, "table": m.block_table}[kind])
     return out
 

@@ -249,7 +249,10 @@ class TpuPlatform(Platform):
                         and getattr(pc, name) is not False:
                     setattr(pc, name, False)
             if cc.mode == CompilationMode.VLLM_COMPILE:
-                if cc.splitting_ops is None and cc.cudagraph_mode != CUDAGraphMode.NONE:
+                # (not splitting_ops: also [] -- a draft model's config is built from this one,
+                # and this method runs on it again: it must keep FULL, not turn it PIECEWISE,
+                # which vLLM then turns off for the target too, their compilation config shared)
+                if not cc.splitting_ops and cc.cudagraph_mode != CUDAGraphMode.NONE:
                     # Full-graph steps: the whole model one graph (no split at attention), its
                     # attention rewritten into torchtpu's paged ops with the step's metadata as
                     # inputs (compiler.py): one program per token bucket.

@@ -109,8 +109,6 @@ class TpuModelRunner(GPUModelRunner):
             self.draft_token_ids_cpu[:rows, :k] = 0
         else:
             self.draft_token_ids_cpu[:rows, :k].copy_(draft)
-            if os.environ.get("DBG_DRAFT"):
-                print("DRAFT", self.draft_token_ids_cpu[:rows, :k].tolist(), flush=True)
         self.draft_token_ids_event.record()
 
     def load_model(self, *args, **kwargs) -> None:
