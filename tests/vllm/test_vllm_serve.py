@@ -25,6 +25,7 @@ import tiny  # noqa: E402
 from test_vllm_offline import _env, _has_entry_point  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not _has_entry_point(), reason="torchtpu's vllm.platform_plugins entry point missing")
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
 
 
 def _free_port() -> int:
@@ -47,7 +48,9 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     vllm_cli = os.path.join(os.path.dirname(sys.executable), "vllm")
     cmd = [vllm_cli, "serve", d, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-           "--enforce-eager", "--max-model-len", "128", "--max-num-seqs", "4", "--gpu-memory-utilization", "0.3"]
+           "--enforce-eager", "--max-model-len", "128", "--max-num-seqs", "4", "--gpu-memory-utilization", "0.3",
+           # speculative decoding (n-gram): it must not change a token of any test below
+           "--speculative-config", json.dumps(NGRAM)]
     f = open(log, "w")
     proc = subprocess.Popen(cmd, env=_env(multiprocessing=True), stdout=f, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -84,15 +87,29 @@ def server(tmp_path_factory):
         s.bind(("127.0.0.1", port))
 
 
+def _spec_counter(base: str, name: str) -> float:
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(name + "{"))
+
+
 def test_completions_greedy_matches_hf(server):
+    """The server speculates with n-gram lookups (vLLM's --speculative-config): the same tokens
+    as HF's greedy, and vLLM's own counters show drafts proposed (their acceptance:
+    test_vllm_spec.py)."""
     base, d, model, tok = server
-    prompts = ["The quick brown fox", "Hello"]
-    ref = tiny.hf_greedy(model, tok, prompts, 8)
+    prompts = ["The quick brown fox", "Hello", "one two three one two three one two three one two"]
+    ref = tiny.hf_greedy(model, tok, prompts, 16)
     for p, r in zip(prompts, ref):
-        status, body = _post(base + "/v1/completions", {"model": d, "prompt": p, "max_tokens": 8,
-                                                        "temperature": 0, "ignore_eos": True})
+        status, body = _post(base + "/v1/completions", {"model": d, "prompt": p, "max_tokens": 16,
+                                                        "temperature": 0, "ignore_eos": True,
+                                                        "return_token_ids": True})
         assert status == 200
-        assert json.loads(body)["choices"][0]["text"] == tok.decode(r)
+        choice = json.loads(body)["choices"][0]
+        assert choice["token_ids"] == r
+        # the text is the tokens' (vLLM holds back a trailing incomplete UTF-8 character)
+        assert tok.decode(r).startswith(choice["text"]) and len(choice["text"]) >= len(tok.decode(r)) - 1
+    assert _spec_counter(base, "vllm:spec_decode_num_drafts_total") > 0
 
 
 def test_streaming_and_bad_request(server):
