@@ -4,6 +4,15 @@ StaticGenerator on tpu vs Hugging Face CPU eager ``generate``, as ratios in one 
     PYTHONPATH=$PWD /path/to/venv-vllm/bin/python benchmarks/bench_vllm.py \\
         [--model tiny|l4h256] [--concurrency 1 16 64] [--trials 3] [--new 16] [--prompt-len 12] \\
         [--json out.json]
+    ... benchmarks/bench_vllm.py --spec [--model ...] [--concurrency 1 8] [--new 32] [--k 4]
+
+``--spec``: speculative decoding instead (function ``spec_main``): vLLM's compiled full-graph
+steps without speculation (plain) and with n-gram lookups, a draft model equal to the target
+(every draft accepted: the upper bound), a smaller draft model (1 layer, hidden 32: random, so
+nearly every draft rejected: the cost of drafting) and a random EAGLE head, each with ``--k``
+draft tokens, on two workloads: repetitive prompts (a random 4-token phrase repeated) and random
+prompts. Output tokens/s (median and min-max over the trials), mean accepted length (1 +
+accepted / drafts, from vLLM's own counters over the timed calls) and the ratio to plain.
 
 Needs vLLM 0.33 and torchtpu's vLLM plugin (docs/vllm.md: its own venv). The model is the
 tests' tiny Llama (tests/vllm/tiny.py: hidden 64, 2 layers, vocab 512, fp32) or, with
@@ -113,7 +122,11 @@ def main():
     p.add_argument("--prompt-len", type=int, default=12)
     p.add_argument("--cpu-threads", type=int, default=0, help="torch threads for hf_cpu (0: as at start)")
     p.add_argument("--json", default=None)
+    p.add_argument("--spec", action="store_true", help="the speculative-decoding section (spec_main)")
+    p.add_argument("--k", type=int, default=4, help="--spec: draft tokens per step")
     args = p.parse_args()
+    if args.spec:
+        return spec_main(args)
     assert args.prompt_len <= 16, "StaticGenerator's prompt bucket here is 16"
     t_start = time.perf_counter()
 
@@ -261,6 +274,120 @@ def main():
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # not through teardown of vLLM's engine threads (as tests/vllm/tiny.py)
+
+
+def _spec_counters(llm) -> tuple[float, float]:
+    c = {}
+    for mt in llm.get_metrics():
+        if hasattr(mt, "value"):
+            c[mt.name] = c.get(mt.name, 0) + mt.value
+    return c.get("vllm:spec_decode_num_drafts", 0), c.get("vllm:spec_decode_num_accepted_tokens", 0)
+
+
+def spec_main(args):
+    """Speculative decoding: plain compiled steps vs n-gram, draft models and EAGLE (see the
+    module docstring), all in one process, configurations taking turns trial by trial."""
+    import tiny
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from vllm import LLM, SamplingParams
+
+    t_start = time.perf_counter()
+    threads = thread_settings()
+    print("threads at start:", json.dumps(threads), flush=True)
+    d = tempfile.mkdtemp(prefix="bench-spec-llama-")
+    cpu_model, tok = tiny.make_llama(d) if args.model == "tiny" else make_l4h256(d)
+    vocab = cpu_model.config.vocab_size
+    small = tempfile.mkdtemp(prefix="bench-spec-small-")
+    tok.save_pretrained(small)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      tie_word_embeddings=False, torch_dtype="float32")
+    tiny._random(LlamaForCausalLM, cfg, 3).save_pretrained(small)
+    eagle = tiny.make_eagle(tempfile.mkdtemp(prefix="bench-spec-eagle-"), d)
+    k = args.k
+    specs = {"plain": None,
+             "ngram": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
+             "draft_same": {"method": "draft_model", "model": d, "num_speculative_tokens": k},
+             "draft_small": {"method": "draft_model", "model": small, "num_speculative_tokens": k},
+             "eagle": {"method": "eagle", "model": eagle, "num_speculative_tokens": k}}
+    c_max = max(args.concurrency)
+    plen = 16
+    llms, init_s = {}, {}
+    for name, spec in specs.items():
+        t0 = time.perf_counter()
+        llms[name] = LLM(model=d, dtype="float32", enforce_eager=False, max_model_len=plen + args.new + 16,
+                         max_num_seqs=c_max, max_num_batched_tokens=max(256, c_max * (plen + k + 1)),
+                         enable_prefix_caching=False, kv_cache_memory_bytes=64 << 20, disable_log_stats=False,
+                         gpu_memory_utilization=0.3, seed=0, speculative_config=spec)
+        init_s[name] = round(time.perf_counter() - t0, 1)
+    print(f"engines up in {init_s} s; threads now: {json.dumps(thread_settings())}", flush=True)
+    sp = SamplingParams(temperature=0, max_tokens=args.new, ignore_eos=True)
+    g = torch.Generator().manual_seed(0)
+
+    def prompts(c, workload):
+        if workload == "random":
+            return torch.randint(3, vocab, (c, plen), generator=g).tolist()
+        phrase = torch.randint(3, vocab, (c, 4), generator=g)
+        return phrase.repeat(1, plen // 4).tolist()
+
+    def run(name, ids):
+        llm = llms[name]
+        d0, a0 = _spec_counters(llm)
+        t = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": r} for r in ids], sp, use_tqdm=False)
+        wall = time.perf_counter() - t
+        d1, a1 = _spec_counters(llm)
+        return [list(o.outputs[0].token_ids) for o in outs], wall, d1 - d0, a1 - a0
+
+    report = {"model": args.model, "k": k, "new_tokens": args.new, "prompt_len": plen, "trials": args.trials,
+              "threads": threads, "engine_init_s": init_s, "results": []}
+    for workload in ("repetitive", "random"):
+        for c in args.concurrency:
+            res = {"workload": workload, "concurrency": c}
+            warm_ids = prompts(c, workload)
+            ref = None
+            for name in specs:  # warm-up: first call compiles nothing new (buckets at start-up)
+                m0 = torchtpu.metrics()["compiles"]
+                toks, _, _, _ = run(name, warm_ids)
+                run(name, prompts(c, workload))
+                ref = toks if ref is None else ref
+                res[name] = {"tokens_equal_plain": toks == ref, "warmup_compiles": torchtpu.metrics()["compiles"] - m0,
+                             "tok_s": [], "drafts": 0, "accepted": 0, "compiles": 0}
+            for _ in range(args.trials):
+                ids = prompts(c, workload)
+                for name in specs:
+                    m0 = torchtpu.metrics()["compiles"]
+                    _, wall, dr, ac = run(name, ids)
+                    x = res[name]
+                    x["tok_s"].append(c * args.new / wall)
+                    x["drafts"] += dr
+                    x["accepted"] += ac
+                    x["compiles"] += torchtpu.metrics()["compiles"] - m0
+            for name in specs:
+                x = res[name]
+                v = x.pop("tok_s")
+                x["tok_s"] = round(statistics.median(v), 1)
+                x["tok_s_spread"] = [round(min(v), 1), round(max(v), 1)]
+                x["mean_accepted_len"] = round(1 + x["accepted"] / x["drafts"], 2) if x["drafts"] else None
+                x["vs_plain"] = round(x["tok_s"] / res["plain"]["tok_s"], 2) if name != "plain" else 1.0
+            report["results"].append(res)
+            print(f"\n{workload} prompts, concurrency {c}, k={k}, {args.new} new tokens:")
+            print(f"  {'config':12s} {'out tok/s':>10s} {'(min-max)':>17s} {'vs plain':>8s} {'accept len':>10s} "
+                  f"{'compiles':>8s} {'= plain':>7s}")
+            for name in specs:
+                x = res[name]
+                print(f"  {name:12s} {x['tok_s']:10.1f} {x['tok_s_spread'][0]:8.1f}-{x['tok_s_spread'][1]:<8.1f} "
+                      f"{x['vs_plain']:8.2f} {str(x['mean_accepted_len']):>10s} {x['compiles']:8d} "
+                      f"{str(x['tokens_equal_plain']):>7s}", flush=True)
+    report["total_s"] = round(time.perf_counter() - t_start, 1)
+    print(f"\ntotal {report['total_s']} s; load average at the end: {os.getloadavg()}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

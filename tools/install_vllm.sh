@@ -50,9 +50,16 @@ else:
 PY
 }
 
+numba_for_ngram() {
+  # vLLM's n-gram speculative proposer (v1/spec_decode/ngram_proposer.py) is numba code on the
+  # host; numba is not among vLLM's requirements
+  "$PYTHON" -c 'import numba' 2>/dev/null || "${PIP[@]}" install -q "$TORCH_PIN" "numba==0.68.1"
+}
+
 if "$PYTHON" -c 'import importlib.metadata as m, sys; sys.exit(0 if m.version("vllm").startswith("0.33.") else 1)' \
     2>/dev/null; then
   echo "install_vllm: vllm $("$PYTHON" -c 'import importlib.metadata as m; print(m.version("vllm"))') already installed for $PYTHON"
+  numba_for_ngram
   dev_entry_point
   exit 0
 fi
@@ -76,4 +83,5 @@ if [ ! -f "$SDIST" ]; then
 fi
 VLLM_TARGET_DEVICE=empty MAX_JOBS="${MAX_JOBS:-1}" "${PIP[@]}" install --no-build-isolation "$TORCH_PIN" "$SDIST"
 "$PYTHON" -c 'import vllm, torch; print("install_vllm: vllm", vllm.__version__, "torch", torch.__version__)'
+numba_for_ngram
 dev_entry_point
