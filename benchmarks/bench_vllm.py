@@ -12,7 +12,9 @@ steps without speculation (plain) and with n-gram lookups, a draft model equal t
 nearly every draft rejected: the cost of drafting) and a random EAGLE head, each with ``--k``
 draft tokens, on two workloads: repetitive prompts (a random 4-token phrase repeated) and random
 prompts. Output tokens/s (median and min-max over the trials), mean accepted length (1 +
-accepted / drafts, from vLLM's own counters over the timed calls) and the ratio to plain.
+accepted drafts per verify step, from vLLM's per-request spec-decode metrics over the timed
+calls), XLA compiles during the timed calls, and the ratio to plain. Each configuration has its
+own engine; they take turns trial by trial after ``--spec-warmup`` untimed calls.
 
 Needs vLLM 0.33 and torchtpu's vLLM plugin (docs/vllm.md: its own venv). The model is the
 tests' tiny Llama (tests/vllm/tiny.py: hidden 64, 2 layers, vocab 512, fp32) or, with
@@ -124,6 +126,7 @@ def main():
     p.add_argument("--json", default=None)
     p.add_argument("--spec", action="store_true", help="the speculative-decoding section (spec_main)")
     p.add_argument("--k", type=int, default=4, help="--spec: draft tokens per step")
+    p.add_argument("--spec-warmup", type=int, default=3, help="--spec: untimed calls per configuration")
     args = p.parse_args()
     if args.spec:
         return spec_main(args)
@@ -276,12 +279,18 @@ def main():
     os._exit(0)  # not through teardown of vLLM's engine threads (as tests/vllm/tiny.py)
 
 
-def _spec_counters(llm) -> tuple[float, float]:
-    c = {}
-    for mt in llm.get_metrics():
-        if hasattr(mt, "value"):
-            c[mt.name] = c.get(mt.name, 0) + mt.value
-    return c.get("vllm:spec_decode_num_drafts", 0), c.get("vllm:spec_decode_num_accepted_tokens", 0)
+def _spec_steps(outs) -> tuple[int, int]:
+    """(verify steps, accepted draft tokens) over the requests, from vLLM's per-request
+    spec-decode metrics (``per_request_spec_decode_metrics="summary"``: a histogram of accepted
+    drafts per step). The Prometheus counters are no use here: each engine built in a process
+    unregisters the previous engine's collectors."""
+    steps = accepted = 0
+    for o in outs:
+        m = o.outputs[0].spec_decode_metrics
+        if m is not None:
+            steps += sum(m.histogram)
+            accepted += sum(j * n for j, n in enumerate(m.histogram))
+    return steps, accepted
 
 
 def spec_main(args):
@@ -319,7 +328,8 @@ def spec_main(args):
         llms[name] = LLM(model=d, dtype="float32", enforce_eager=False, max_model_len=plen + args.new + 16,
                          max_num_seqs=c_max, max_num_batched_tokens=max(256, c_max * (plen + k + 1)),
                          enable_prefix_caching=False, kv_cache_memory_bytes=64 << 20, disable_log_stats=False,
-                         gpu_memory_utilization=0.3, seed=0, speculative_config=spec)
+                         gpu_memory_utilization=0.3, seed=0, speculative_config=spec,
+                         per_request_spec_decode_metrics="summary" if spec else "none")
         init_s[name] = round(time.perf_counter() - t0, 1)
     print(f"engines up in {init_s} s; threads now: {json.dumps(thread_settings())}", flush=True)
     sp = SamplingParams(temperature=0, max_tokens=args.new, ignore_eos=True)
@@ -332,13 +342,10 @@ def spec_main(args):
         return phrase.repeat(1, plen // 4).tolist()
 
     def run(name, ids):
-        llm = llms[name]
-        d0, a0 = _spec_counters(llm)
         t = time.perf_counter()
-        outs = llm.generate([{"prompt_token_ids": r} for r in ids], sp, use_tqdm=False)
+        outs = llms[name].generate([{"prompt_token_ids": r} for r in ids], sp, use_tqdm=False)
         wall = time.perf_counter() - t
-        d1, a1 = _spec_counters(llm)
-        return [list(o.outputs[0].token_ids) for o in outs], wall, d1 - d0, a1 - a0
+        return [list(o.outputs[0].token_ids) for o in outs], wall, *_spec_steps(outs)
 
     report = {"model": args.model, "k": k, "new_tokens": args.new, "prompt_len": plen, "trials": args.trials,
               "threads": threads, "engine_init_s": init_s, "results": []}
@@ -347,21 +354,22 @@ def spec_main(args):
             res = {"workload": workload, "concurrency": c}
             warm_ids = prompts(c, workload)
             ref = None
-            for name in specs:  # warm-up: first call compiles nothing new (buckets at start-up)
-                m0 = torchtpu.metrics()["compiles"]
+            for name in specs:  # warm-up: model programs are built at start-up; the eager
+                m0 = torchtpu.metrics()["compiles"]  # parts see new shapes for a few calls
                 toks, _, _, _ = run(name, warm_ids)
-                run(name, prompts(c, workload))
+                for _ in range(args.spec_warmup):
+                    run(name, prompts(c, workload))
                 ref = toks if ref is None else ref
                 res[name] = {"tokens_equal_plain": toks == ref, "warmup_compiles": torchtpu.metrics()["compiles"] - m0,
-                             "tok_s": [], "drafts": 0, "accepted": 0, "compiles": 0}
+                             "tok_s": [], "steps": 0, "accepted": 0, "compiles": 0}
             for _ in range(args.trials):
                 ids = prompts(c, workload)
                 for name in specs:
                     m0 = torchtpu.metrics()["compiles"]
-                    _, wall, dr, ac = run(name, ids)
+                    _, wall, st, ac = run(name, ids)
                     x = res[name]
                     x["tok_s"].append(c * args.new / wall)
-                    x["drafts"] += dr
+                    x["steps"] += st
                     x["accepted"] += ac
                     x["compiles"] += torchtpu.metrics()["compiles"] - m0
             for name in specs:
@@ -369,7 +377,7 @@ def spec_main(args):
                 v = x.pop("tok_s")
                 x["tok_s"] = round(statistics.median(v), 1)
                 x["tok_s_spread"] = [round(min(v), 1), round(max(v), 1)]
-                x["mean_accepted_len"] = round(1 + x["accepted"] / x["drafts"], 2) if x["drafts"] else None
+                x["mean_accepted_len"] = round(1 + x["accepted"] / x["steps"], 2) if x["steps"] else None
                 x["vs_plain"] = round(x["tok_s"] / res["plain"]["tok_s"], 2) if name != "plain" else 1.0
             report["results"].append(res)
             print(f"\n{workload} prompts, concurrency {c}, k={k}, {args.new} new tokens:")

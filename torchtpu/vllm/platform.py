@@ -61,9 +61,15 @@ class TpuPlatform(Platform):
         """vLLM's core Triton kernels (slot mapping, ...) as torch ops on tpu (torchtpu/vllm/kernels.py)."""
         from vllm.triton_utils.dispatcher import register_kernels
 
-        from .kernels import OVERRIDES
+        from . import kernels
 
-        register_kernels(OVERRIDES)
+        # Once per process: every worker init calls this, and a second scan of sys.modules by
+        # vLLM's rebinding (dispatcher.py:139) fails on objects whose vars() is no dict (a
+        # second engine in one process: AttributeError '_lib_fn_wrapper' ... 'get'). The first
+        # registration rebinds the kernels where they are defined, so later imports get ours.
+        if not getattr(kernels, "_registered", False):
+            register_kernels(kernels.OVERRIDES)
+            kernels._registered = True
 
     @classmethod
     def check_runner_kv_caches_multi_layer(cls) -> None:
