@@ -103,6 +103,10 @@ GROUPED_CASES = {
     "3dx2d": ((4, 3, 5), (5, 10), OFFS),
     "2dx2d": ((3, 10), (10, 6), OFFS),
     "3dx3d": ((4, 3, 5), (4, 5, 6), None),
+    # many rows per group: the tiled lowering (csrc/ops/matmul.cpp), with an empty first and
+    # middle group, groups smaller and larger than a tile, rows past the last end
+    "2dx3d_tiled": ((300, 16), (8, 16, 12), [0, 37, 37, 100, 180, 181, 250, 290]),
+    "2dx2d_tiled": ((6, 300), (300, 12), [0, 37, 37, 100, 180, 181, 250, 290]),
 }
 
 

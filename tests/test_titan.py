@@ -69,7 +69,7 @@ def _run(cmd: list[str], cwd: str, env: dict, timeout: float) -> str:
 
 
 def train(tmp: str, name: str, nproc: int, steps: int, *flags: str, timeout: float = 900, env: dict | None = None,
-          log: list | None = None) -> dict[int, tuple[float, float]]:
+          log: list | None = None, config: str = "llama3_debugmodel") -> dict[int, tuple[float, float]]:
     """torchtitan's trainer on nproc tpu processes in tmp/name; returns {step: (loss, grad_norm)}."""
     run_dir = os.path.join(tmp, name)
     os.makedirs(run_dir, exist_ok=True)
@@ -80,7 +80,7 @@ def train(tmp: str, name: str, nproc: int, steps: int, *flags: str, timeout: flo
         target = ["--no-python", sys.executable, "-c",
                   "import torchtpu, runpy; runpy.run_module('torchtitan.train', run_name='__main__', alter_sys=True)"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *target,
-           "--module", "torchtpu.titan", "--config", "llama3_debugmodel", "--training.steps", str(steps),
+           "--module", "torchtpu.titan", "--config", config, "--training.steps", str(steps),
            "--training.seq_len", "128", "--training.local_batch_size", "2", "--debug.seed", "7", *flags]
     t0 = time.monotonic()
     out = _run(cmd, run_dir, dict(_env(tmp), **(env or {})), timeout)
@@ -205,3 +205,15 @@ def test_bf16_mixed_precision_runs_and_learns(assets, seed_checkpoint, single):
     for s in bf16:  # bf16 parameters in compute: close to the fp32 run, not equal
         assert abs(bf16[s][0] - single[s][0]) < 0.05 * single[s][0], (bf16, single)
     assert learns(bf16), bf16
+
+
+@pytest.mark.parametrize("recipe", ["llama3_70b", "qwen3_8b"])
+def test_recipe_dry_run(assets, recipe):
+    """A release recipe's code path at debug size (``<recipe>_dryrun``: the recipe's bf16
+    parameters with f32 reduction, full activation checkpointing, torch.compile of blocks and
+    loss, its tensor parallelism shrunk to 2) on 2 processes: trains, every graph compiled."""
+    log = []
+    run = train(assets, f"dry_{recipe}", 2, 2, config=f"{recipe}_dryrun", env={"PYTHONWARNINGS": "always"},
+                log=log)
+    assert all(loss == loss and abs(loss) < 20 for loss, _ in run.values()), run
+    assert "running this graph eagerly" not in log[0], log[0][-6000:]

@@ -21,7 +21,7 @@ TORCH_PIN="torch==2.14.1"
 PIP=("$PYTHON" -m pip install -q --disable-pip-version-check)
 
 if ! "$PYTHON" -c 'import importlib.metadata as m, sys; sys.exit(0 if m.version("sglang") == "0.5.23" else 1)' 2>/dev/null; then
-  "${PIP[@]}" "$TORCH_PIN" "torchvision==0.29.*" triton xla-cpu-pjrt numpy pytest scikit-build-core ninja
+  "${PIP[@]}" "$TORCH_PIN" "torchvision==0.29.*" triton xla-cpu-pjrt numpy pytest pytest-xdist scikit-build-core ninja
   "${PIP[@]}" "$TORCH_PIN" --no-deps "sglang==0.5.23"
   "${PIP[@]}" "$TORCH_PIN" "torchvision==0.29.*" \
     aiohttp "anthropic>=0.20.0" "blobfile==3.0.0" build "compressed-tensors==0.18.0" datasets distro easydict \

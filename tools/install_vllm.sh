@@ -64,7 +64,7 @@ if "$PYTHON" -c 'import importlib.metadata as m, sys; sys.exit(0 if m.version("v
   exit 0
 fi
 
-"${PIP[@]}" install -q "$TORCH_PIN" xla-cpu-pjrt numpy pytest
+"${PIP[@]}" install -q "$TORCH_PIN" xla-cpu-pjrt numpy pytest pytest-xdist
 "${PIP[@]}" install -q "$TORCH_PIN" "setuptools>=77.0.3,<81" "setuptools-scm>=8" setuptools-rust wheel \
     "packaging>=24.2" jinja2 cmake ninja
 

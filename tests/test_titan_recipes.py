@@ -1,0 +1,82 @@
+"""The release's recipes in torchtpu's torchtitan registry (issue 38): torchtitan builds each
+recipe's model on the meta device, and its parameter count must equal the count of the same
+published model built by Hugging Face transformers (an independent implementation) from the
+model's published config.json values, and the published size. The dry runs, each recipe's code
+path at debug size on 2 processes, are in tests/test_titan.py."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torchtitan")
+transformers = pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+from torchtpu.titan import config_registry as reg  # noqa: E402
+
+# config.json of each published checkpoint (the fields that decide the parameter count)
+PUBLISHED = {
+    "llama3_70b": ("LlamaConfig", dict(
+        vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False), 70.55e9),
+    "qwen3_8b": ("Qwen3Config", dict(
+        vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False), 8.19e9),
+    "qwen3_235b_a22b": ("Qwen3MoeConfig", dict(
+        vocab_size=151936, hidden_size=4096, intermediate_size=12288, moe_intermediate_size=1536,
+        num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4, head_dim=128,
+        num_experts=128, num_experts_per_tok=8, decoder_sparse_step=1, mlp_only_layers=[],
+        tie_word_embeddings=False), 235.09e9),
+}
+
+
+def _count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _titan_model(config):
+    with torch.device("meta"):
+        return config.model_spec.model.build()
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_recipe_parameter_count_equals_published_model(name):
+    recipe = reg.RECIPES[name][0]()
+    titan = _count(_titan_model(recipe))
+    cls, fields, published = PUBLISHED[name]
+    hf_config = getattr(transformers, cls)(**fields)
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(hf_config)
+    assert titan == _count(hf), (name, titan, _count(hf))
+    assert abs(titan - published) / published < 5e-4, (name, titan, published)
+
+
+def test_moe_recipe_active_parameters():
+    """Qwen3 235B-A22B: 22B parameters active per token (8 of 128 experts)."""
+    model = _titan_model(reg.RECIPES["qwen3_235b_a22b"][0]())
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".routed_experts." in n)
+    active = _count(model) - experts + experts * 8 // 128
+    assert 21.5e9 < active < 22.5e9, active
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_recipe_is_a_pod_recipe(name):
+    """What a TPU pod slice runs, as documented in docs/titan.md "Recipes"."""
+    recipe, dryrun, _ = reg.RECIPES[name]
+    c = recipe()
+    assert c.training.mixed_precision_param == "bfloat16"
+    assert c.training.mixed_precision_reduce == "float32"
+    assert c.compile.enable and set(c.compile.components) == {"model", "loss"}
+    assert type(c.activation_checkpoint).__qualname__ == "FullAC.Config"
+    assert c.parallelism.data_parallel_shard_degree == -1
+    assert c.parallelism.spmd_backend == "partial_dtensor"
+    assert type(c.model_spec.model.layers[0].attention.inner_attention).__qualname__ == "VarlenAttention.Config"
+    # the dry run keeps the recipe (its precision, compile, AC) and shrinks only size and degrees
+    d = dryrun()
+    assert d.training.mixed_precision_param == c.training.mixed_precision_param
+    assert d.compile.enable == c.compile.enable
+    assert type(d.activation_checkpoint) is type(c.activation_checkpoint)
+    assert d.parallelism.tensor_parallel_degree == min(2, c.parallelism.tensor_parallel_degree)
+    assert d.parallelism.expert_parallel_degree == min(2, c.parallelism.expert_parallel_degree)
+    assert d.model_spec.flavor.startswith("debugmodel")
+    assert d.loss.loss_fn.global_vocab_size == d.model_spec.model.vocab_size
