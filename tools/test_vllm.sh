@@ -4,6 +4,8 @@
 # this checkout (its torch 2.13.0 build: run after tools/test.sh), then
 # tests/vllm (offline LLM, `vllm serve`, the attention backend).
 #   bash tools/test_vllm.sh      (venv: TORCHTPU_VLLM_VENV, default ~/.cache/torchtpu/venv-vllm)
+#   bash tools/test_vllm.sh --runslow   also the variants marked slow (more families in bf16,
+#                                 eager TP 2, per-channel FP8): CI runs the default set
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${TORCHTPU_VLLM_VENV:-$HOME/.cache/torchtpu/venv-vllm}
@@ -17,4 +19,4 @@ TORCH_DEVICE_BACKEND_AUTOLOAD=0 PYTHONPATH="$PWD" "$VENV/bin/python" -c 'import 
   || "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$("$VENV/bin/python" -c 'import torch; print("torch==" + torch.__version__.split("+")[0])')" pytest-xdist
 XDIST=()
 [ "${TORCHTPU_TEST_WORKERS:-2}" != "0" ] && XDIST=(-n "${TORCHTPU_TEST_WORKERS:-2}" --dist loadfile)
-PYTHONPATH="$PWD" "$VENV/bin/python" -m pytest -q -p no:cacheprovider ${XDIST[@]+"${XDIST[@]}"} tests/vllm
+PYTHONPATH="$PWD" "$VENV/bin/python" -m pytest -q -p no:cacheprovider ${XDIST[@]+"${XDIST[@]}"} "$@" tests/vllm

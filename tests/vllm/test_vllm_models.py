@@ -19,7 +19,13 @@ import tiny  # noqa: E402
 from test_vllm_offline import GREEDY, LLM_KWARGS, MAX_TOKENS, PROMPTS, pytestmark, run_llm  # noqa: E402,F401
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma", "gemma2", "gemma3", "qwen3_moe", "mixtral", "gpt_oss"])
+# CI's budget: the variants marked slow run with --runslow (tools/test_vllm.sh --runslow); bf16 is
+# also covered by test_vllm_offline.py::test_greedy_bf16_near_hf (Llama) and qwen3_moe here
+_SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("family", ["qwen3", pytest.param("gemma", marks=_SLOW), "gemma2", "gemma3", "qwen3_moe",
+                                    "mixtral", "gpt_oss"])
 def test_family_greedy_matches_hf_fp32(tmp_path, family):
     d = str(tmp_path / family)
     model, tok = tiny.MODELS[family](d)
@@ -36,7 +42,8 @@ def test_family_greedy_matches_hf_fp32(tmp_path, family):
     assert res["cpu_fallbacks"] == {}, res["cpu_fallbacks"]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma", "gemma2", "gemma3", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("family", [pytest.param(f, marks=_SLOW) for f in ("qwen3", "gemma", "gemma2", "gemma3")]
+                         + ["qwen3_moe", pytest.param("mixtral", marks=_SLOW)])
 def test_family_bf16_near_hf(tmp_path, family):
     """bfloat16: each greedy token is a near-argmax (within 0.15) of HF's fp32 logits of its own
     prefix (teacher forcing), as test_vllm_offline.py's bf16 test for Llama."""

@@ -279,7 +279,7 @@ def _processes_with(marker: str) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("eager", [True, False], ids=["eager", "compiled"])
+@pytest.mark.parametrize("eager", [pytest.param(True, marks=pytest.mark.slow), False], ids=["eager", "compiled"])
 def test_tensor_parallel_2(tmp_path, llama, eager):
     """tensor_parallel_size=2: vLLM's multiprocess executor starts two tpu workers joined by
     torchtpu's c10d backend ("tpu"); vLLM's column/row-parallel layers all-reduce and all-gather

@@ -48,7 +48,7 @@ def _teacher_forced_gaps(model, prompt_ids, generated):
     return gaps
 
 
-@pytest.mark.parametrize("scheme", ["block", "channel"])
+@pytest.mark.parametrize("scheme", ["block", pytest.param("channel", marks=pytest.mark.slow)])
 def test_fp8_checkpoint(tmp_path, scheme):
     """fine-grained FP8 (quant_method fp8, 128x128 blocks) and compressed-tensors FP8 (per-channel
     weights, dynamic per-token activations): vLLM picks torchtpu's kernels, the weights stay
