@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -93,23 +94,54 @@ def pytest_collection_modifyitems(config, items):
 # --- TORCHTPU_TPU_CHECK=<topology> (torchtpu.aot.check): every program also compiled for a TPU ---
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if not os.environ.get("TORCHTPU_TPU_CHECK"):
-        return
+_TPU_REPORTS = []  # xdist: each worker's check report, collected by the controller
+
+
+def pytest_testnodedown(node, error):
+    out = getattr(node, "workeroutput", {}).get("tpu_check")
+    if out:
+        _TPU_REPORTS.append(json.loads(out))
+
+
+def _tpu_check_report(config) -> dict:
+    """This process's report merged with every xdist worker's (tests run in workers)."""
     import torchtpu.aot
 
-    r = torchtpu.aot.check_report(wait=True)
+    reports = [torchtpu.aot.check_report(wait=True), *_TPU_REPORTS]
+    merged = dict(reports[0])
+    for k in ("programs", "seconds", "failures"):
+        merged[k] = sum(r[k] for r in reports)
+    for k in ("max_temp_bytes", "max_peak_bytes"):
+        merged[k] = max(r[k] for r in reports)
+    merged["failed"] = [f for r in reports for f in r["failed"]]
+    merged["slowest"] = sorted((tuple(x) for r in reports for x in r["slowest"]), reverse=True)[:5]
+    return merged
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not os.environ.get("TORCHTPU_TPU_CHECK"):
+        return
+    config = session.config
+    if hasattr(config, "workerinput"):  # an xdist worker: hand the report to the controller
+        import torchtpu.aot
+
+        config.workeroutput["tpu_check"] = json.dumps(torchtpu.aot.check_report(wait=True))
+        return
+    config._tpu_check_report = r = _tpu_check_report(config)
+    if r["failures"] or (session.testscollected and not r["programs"]):
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    r = getattr(config, "_tpu_check_report", None)
+    if r is None:
+        return
     terminalreporter.write_line(
         f"TPU check ({r['topology']}): {r['programs']} programs compiled for TPU in {r['seconds']:.1f} s, "
         f"{r['failures']} failed; largest temp {r['max_temp_bytes']} B, peak {r['max_peak_bytes']} B")
+    if not r["programs"]:
+        terminalreporter.write_line("  FAILED: tests ran but no program was compiled for TPU")
     for f in r["failed"]:
         terminalreporter.write_line(f"  FAILED [{f['ops']}]: {f['error'].splitlines()[0][:300]}")
     for sec, ops in r["slowest"]:
         terminalreporter.write_line(f"  slowest: {sec:.2f} s [{ops[:200]}]")
-
-
-def pytest_sessionfinish(session, exitstatus):
-    import torchtpu.aot
-
-    if os.environ.get("TORCHTPU_TPU_CHECK") and torchtpu.aot.check_report(wait=True)["failures"]:
-        session.exitstatus = 1

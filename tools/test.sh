@@ -55,21 +55,22 @@ fi
 WORKERS=${TORCHTPU_TEST_WORKERS:-2}
 XDIST=()
 if [ "$WORKERS" != "0" ] && $PY -c 'import xdist' 2>/dev/null; then XDIST=(-n "$WORKERS" --dist loadfile); fi
-# On 2.14 and 2.15 the fast tier runs the files whose subject moves with torch's release:
+# On 2.14 and 2.15 the fast tier runs the files whose subject moves with torch's release. Both:
 # dispatch, PrivateUse1 hooks, views and copies, device rules and errors, Dynamo/AOTAutograd/
-# Inductor (every torch.compile file), OpInfo (op schemas and decompositions), Hugging Face,
-# c10d, low precision and torchao, sparse, attention, torchtitan (2.14). The rest (the lowerings'
-# numerics, generation, training runs, caches, eager modes, serving, the TPU compile check)
-# exercises torchtpu's own code the same way on every torch and runs on 2.13 (CI's 90-minute
-# budget on 2 cores). TORCHTPU_TEST_ALL=1 runs the whole fast tier on any torch.
+# Inductor (the torch.compile files), Hugging Face. 2.14 (torchtitan's and SGLang's torch) also:
+# OpInfo (op schemas and decompositions), c10d, low precision and torchao, sparse, attention,
+# MoE compile, torchtitan. The rest (the lowerings' numerics, generation, training runs, caches,
+# eager modes, serving, the TPU compile check) exercises torchtpu's own code the same way on
+# every torch and runs on 2.13 (CI's 90-minute budget on 2 cores). TORCHTPU_TEST_ALL=1 runs the
+# whole fast tier on any torch.
 FILES=(tests)
 if [ "$TORCH" != "2.13.0" ] && [ -z "${PYTEST_ARGS:-}" ] && [ -z "${TORCHTPU_TEST_ALL:-}" ]; then
+  NAMES=(basic views copy layout device device_rules errors meta_rules module_to print random_generators
+         compile compile_default compile_views compile_options compile_varlen opinfo_compile hf)
+  [ "$TORCH" = "2.14.1" ] && NAMES+=(compile_moe opinfo lowp scaled_mm quant sparse flash_attention
+                                     distributed titan titan_recipes)
   FILES=()
-  for f in basic views copy layout device device_rules errors meta_rules module_to print random_generators \
-           compile compile_default compile_views compile_moe compile_options compile_varlen \
-           opinfo opinfo_compile hf lowp scaled_mm quant sparse flash_attention distributed titan; do
-    FILES+=("tests/test_$f.py")
-  done
+  for f in "${NAMES[@]}"; do FILES+=("tests/test_$f.py"); done
 fi
 # shellcheck disable=SC2086
 $PY -m pytest -q -p no:cacheprovider ${XDIST[@]+"${XDIST[@]}"} ${PYTEST_ARGS:--m "not slow"} "${FILES[@]}"
