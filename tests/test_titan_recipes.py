@@ -2,7 +2,8 @@
 recipe's model on the meta device, and its parameter count must equal the count of the same
 published model built by Hugging Face transformers (an independent implementation) from the
 model's published config.json values, and the published size. The dry runs, each recipe's code
-path at debug size on 2 processes, are in tests/test_titan.py."""
+path at debug size on 2 processes, run here too (a file of their own so that pytest-xdist runs
+them beside tests/test_titan.py's runs)."""
 from __future__ import annotations
 
 import pytest
@@ -12,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
+from test_titan import assets, train  # noqa: E402,F401  (assets: a module fixture)
 from torchtpu.titan import config_registry as reg  # noqa: E402
 
 # config.json of each published checkpoint (the fields that decide the parameter count)
@@ -80,3 +82,15 @@ def test_recipe_is_a_pod_recipe(name):
     assert d.parallelism.expert_parallel_degree == min(2, c.parallelism.expert_parallel_degree)
     assert d.model_spec.flavor.startswith("debugmodel")
     assert d.loss.loss_fn.global_vocab_size == d.model_spec.model.vocab_size
+
+
+@pytest.mark.parametrize("recipe", ["llama3_70b", "qwen3_8b"])
+def test_recipe_dry_run(assets, recipe):
+    """A release recipe's code path at debug size (``<recipe>_dryrun``: the recipe's bf16
+    parameters with f32 reduction, full activation checkpointing, torch.compile of blocks and
+    loss, its tensor parallelism shrunk to 2) on 2 processes: trains, every graph compiled."""
+    log = []
+    run = train(assets, f"dry_{recipe}", 2, 2, config=f"{recipe}_dryrun", env={"PYTHONWARNINGS": "always"},
+                log=log)
+    assert all(loss == loss and abs(loss) < 20 for loss, _ in run.values()), run
+    assert "running this graph eagerly" not in log[0], log[0][-6000:]
