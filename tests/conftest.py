@@ -97,6 +97,7 @@ def pytest_collection_modifyitems(config, items):
 _TPU_REPORTS = []  # xdist: each worker's check report, collected by the controller
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown where xdist is not installed
 def pytest_testnodedown(node, error):
     out = getattr(node, "workeroutput", {}).get("tpu_check")
     if out:
