@@ -114,8 +114,18 @@ namespace {
 //   (torchtitan's debug MoE, 64 experts: 32x less).
 namespace {
 
+// (n): how many of `ends` (G, s64, non-decreasing) are <= each position 0..n-1: the group of
+// each position (G past the last end).
+Value GroupOf(Builder& b, Value ends, int64_t n) {
+  const int64_t g = ends.dims()[0];
+  const Type ng(ET::S64, {n, g});
+  return SumDims(b, Cast(b, b.Compare(b.Broadcast(ends, {n, g}, {1}), b.Iota(ng, 0), "LE"), ET::S64), {1}, false,
+                 ET::S64);
+}
+
 struct Tiles {
   int64_t t = 0, n = 0;  // tile size, tile count (static)
+  Value starts, tbegin;  // (G) s64: each group's first position, its first tile
   Value group;           // (n) s64: each tile's group, clamped to [0, G)
   Value valid_pos;       // (n, t) pred: the tile position holds a grouped position
   Value pos;             // (n, t) s64: that position, clamped to [0, M)
@@ -128,20 +138,16 @@ Tiles TileSchedule(Builder& b, Value offs, int64_t m, int64_t t) {
   Tiles r;
   r.t = t;
   r.n = (m + t - 1) / t + g;
-  Value zero1 = b.Zeros(Type(ET::S64, {1}));
-  Value starts = b.Concat({zero1, b.SliceDim(offs, 0, 0, g - 1)}, 0);  // (G)
-  Value sizes = b.Max(b.Sub(offs, starts), b.Zeros(gs));
+  r.starts = b.Concat({b.Zeros(Type(ET::S64, {1})), b.SliceDim(offs, 0, 0, g - 1)}, 0);
+  Value sizes = b.Max(b.Sub(offs, r.starts), b.Zeros(gs));
   Value ntile = b.Div(b.Add(sizes, b.Splat(gs, double(t - 1))), b.Splat(gs, double(t)));
   Value tend = PrefixSum(b, ntile, 0);  // (G) cumulative tile ends
-  Value tbegin = b.Sub(tend, ntile);
-  const Type ng(ET::S64, {r.n, g});
-  Value j = b.Iota(ng, 0);
-  Value gj = SumDims(b, Cast(b, b.Compare(b.Broadcast(tend, {r.n, g}, {1}), j, "LE"), ET::S64), {1}, false,
-                     ET::S64);  // (n): groups whose tiles end at or before tile j
+  r.tbegin = b.Sub(tend, ntile);
+  Value gj = GroupOf(b, tend, r.n);  // (n): the group of tile j (G past the last tile)
   Value tile_ok = b.Compare(gj, b.Splat(gj.type, double(g)), "LT");
   r.group = b.Min(gj, b.Splat(gj.type, double(g - 1)));
-  Value first = b.Add(RowGather(b, starts, r.group),
-                      b.Mul(b.Sub(b.Iota(gj.type, 0), RowGather(b, tbegin, r.group)), b.Splat(gj.type, double(t))));
+  Value first = b.Add(RowGather(b, r.starts, r.group),
+                      b.Mul(b.Sub(b.Iota(gj.type, 0), RowGather(b, r.tbegin, r.group)), b.Splat(gj.type, double(t))));
   const Type nt(ET::S64, {r.n, t});
   Value p = b.Add(b.Broadcast(first, {r.n, t}, {0}), b.Iota(nt, 1));
   Value end = b.Broadcast(RowGather(b, offs, r.group), {r.n, t}, {0});
@@ -151,23 +157,14 @@ Tiles TileSchedule(Builder& b, Value offs, int64_t m, int64_t t) {
 }
 
 // For each position 0..m-1 its index into the flattened (n * t) tiles and whether it is grouped.
-std::pair<Value, Value> TileOfPosition(Builder& b, Value offs, int64_t m, int64_t t) {
+std::pair<Value, Value> TileOfPosition(Builder& b, const Tiles& tl, Value offs, int64_t m) {
   const int64_t g = offs.dims()[0];
-  const Type gs(ET::S64, {g});
-  Value zero1 = b.Zeros(Type(ET::S64, {1}));
-  Value starts = b.Concat({zero1, b.SliceDim(offs, 0, 0, g - 1)}, 0);
-  Value sizes = b.Max(b.Sub(offs, starts), b.Zeros(gs));
-  Value ntile = b.Div(b.Add(sizes, b.Splat(gs, double(t - 1))), b.Splat(gs, double(t)));
-  Value tbegin = b.Sub(PrefixSum(b, ntile, 0), ntile);
-  const Type mg(ET::S64, {m, g});
-  Value pos = b.Iota(Type(ET::S64, {m}), 0);
-  Value gm = SumDims(b, Cast(b, b.Compare(b.Broadcast(offs, {m, g}, {1}), b.Iota(mg, 0), "LE"), ET::S64), {1},
-                     false, ET::S64);  // (m): group of each position (G past the end)
+  Value gm = GroupOf(b, offs, m);
   Value grouped = b.Compare(gm, b.Splat(gm.type, double(g)), "LT");
   Value gc = b.Min(gm, b.Splat(gm.type, double(g - 1)));
-  Value rel = b.Sub(pos, RowGather(b, starts, gc));
-  Value ts = b.Splat(rel.type, double(t));
-  Value flat = b.Add(b.Mul(b.Add(RowGather(b, tbegin, gc), b.Div(rel, ts)), ts), b.Binary("remainder", rel, ts));
+  Value rel = b.Sub(b.Iota(gm.type, 0), RowGather(b, tl.starts, gc));
+  Value ts = b.Splat(rel.type, double(tl.t));
+  Value flat = b.Add(b.Mul(b.Add(RowGather(b, tl.tbegin, gc), b.Div(rel, ts)), ts), b.Binary("remainder", rel, ts));
   return {flat, grouped};
 }
 
@@ -190,7 +187,7 @@ Value GroupedRowsTiled(Builder& b, Value x, Value w, Value offs, ET in, ET ct) {
     wt = bar[1];
   }
   Value yt = b.DotGeneral(Cast(b, xt, in), Cast(b, wt, in), {0}, {0}, {2}, {1}, Type(ct, {tl.n, tl.t, n}));
-  auto [flat, grouped] = TileOfPosition(b, offs, m, tl.t);
+  auto [flat, grouped] = TileOfPosition(b, tl, offs, m);
   Value y = RowGather(b, b.Reshape(yt, {tl.n * tl.t, n}), flat);  // (M, N)
   return b.Select(b.Broadcast(grouped, {m, n}, {0}), y, b.Zeros(y.type));
 }
@@ -232,11 +229,7 @@ std::vector<Value> GroupedMm(LowerCtx& c) {
   if (x.rank() == 2 && w.rank() == 2 && tiled_pays(x.dims()[1]))
     return {Cast(b, GroupedKTiled(b, x, w, offs, in, ct), et)};
   // Group of each position 0..n-1 along the grouped dimension: #ends <= pos.
-  auto group_of = [&](int64_t n) {
-    Value pos = b.Iota(Type(ET::S64, {n, g}), 0);
-    Value ends = b.Broadcast(offs, {n, g}, {1});
-    return SumDims(b, b.Compare(ends, pos, "LE"), {1}, false, ET::S64);  // (n)
-  };
+  auto group_of = [&](int64_t n) { return GroupOf(b, offs, n); };
   // one-hot (n, g): position n is in group g
   auto onehot = [&](int64_t n) {
     Value gid = b.Broadcast(group_of(n), {n, g}, {0});
