@@ -52,9 +52,8 @@ fi
 # Tests run in 2 pytest-xdist workers, a test file per worker (--dist loadfile: a file's module
 # fixtures and compile-count assertions stay in one process; every worker has its own compile
 # cache, tests/conftest.py). TORCHTPU_TEST_WORKERS=0 runs them in one process.
-WORKERS=${TORCHTPU_TEST_WORKERS:-2}
-XDIST=()
-if [ "$WORKERS" != "0" ] && $PY -c 'import xdist' 2>/dev/null; then XDIST=(-n "$WORKERS" --dist loadfile); fi
+source tools/xdist.sh
+xdist_args "$PY"
 # On 2.14 and 2.15 the fast tier runs the files whose subject moves with torch's release. Both:
 # dispatch, PrivateUse1 hooks, views and copies, device rules and errors, Dynamo/AOTAutograd/
 # Inductor (the torch.compile files), Hugging Face. 2.14 (torchtitan's and SGLang's torch) also:

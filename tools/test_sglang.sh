@@ -11,10 +11,6 @@ VENV=${TORCHTPU_SGLANG_VENV:-$HOME/.cache/torchtpu/venv-sglang}
 PYTHON="$VENV/bin/python" bash tools/install_sglang.sh
 TORCH_DEVICE_BACKEND_AUTOLOAD=0 PYTHONPATH="$PWD" "$VENV/bin/python" -c 'import torchtpu, torch; torch.ones(1, device="tpu")' \
   || { echo "test_sglang: this checkout's torchtpu/_C is not a torch 2.14.1 build: run TORCH=2.14.1 bash tools/test.sh first" >&2; exit 1; }
-# 2 pytest-xdist workers, a test file per worker (TORCHTPU_TEST_WORKERS=0: one process); a venv
-# made before the workers were added gets pytest-xdist here
-"$VENV/bin/python" -c 'import xdist' 2>/dev/null \
-  || "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$("$VENV/bin/python" -c 'import torch; print("torch==" + torch.__version__.split("+")[0])')" pytest-xdist
-XDIST=()
-[ "${TORCHTPU_TEST_WORKERS:-2}" != "0" ] && XDIST=(-n "${TORCHTPU_TEST_WORKERS:-2}" --dist loadfile)
+source tools/xdist.sh
+xdist_args "$VENV/bin/python"
 PYTHONPATH="$PWD" "$VENV/bin/python" -m pytest -q -p no:cacheprovider ${XDIST[@]+"${XDIST[@]}"} -m "not slow" tests/sglang

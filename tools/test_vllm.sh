@@ -13,10 +13,6 @@ VENV=${TORCHTPU_VLLM_VENV:-$HOME/.cache/torchtpu/venv-vllm}
 PYTHON="$VENV/bin/python" bash tools/install_vllm.sh
 TORCH_DEVICE_BACKEND_AUTOLOAD=0 PYTHONPATH="$PWD" "$VENV/bin/python" -c 'import torchtpu._C' \
   || { echo "test_vllm: this checkout's torchtpu/_C is not a torch 2.13.0 build: run bash tools/test.sh first" >&2; exit 1; }
-# 2 pytest-xdist workers, a test file per worker (TORCHTPU_TEST_WORKERS=0: one process); a venv
-# made before the workers were added gets pytest-xdist here
-"$VENV/bin/python" -c 'import xdist' 2>/dev/null \
-  || "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$("$VENV/bin/python" -c 'import torch; print("torch==" + torch.__version__.split("+")[0])')" pytest-xdist
-XDIST=()
-[ "${TORCHTPU_TEST_WORKERS:-2}" != "0" ] && XDIST=(-n "${TORCHTPU_TEST_WORKERS:-2}" --dist loadfile)
+source tools/xdist.sh
+xdist_args "$VENV/bin/python"
 PYTHONPATH="$PWD" "$VENV/bin/python" -m pytest -q -p no:cacheprovider ${XDIST[@]+"${XDIST[@]}"} "$@" tests/vllm
