@@ -104,7 +104,7 @@ def train(tmp: str, name: str, nproc: int, steps: int, *flags: str, timeout: flo
 def assets(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("titan"))
     r = subprocess.run([sys.executable, "-m", "torchtpu.titan.assets", os.path.join(tmp, "tests", "assets"),
-                        "--mirror", "--docs", "400"], cwd=ROOT, env=_env(tmp), capture_output=True, text=True,
+                        "--mirror", "--docs", "400", "--no-flux"], cwd=ROOT, env=_env(tmp), capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     return tmp

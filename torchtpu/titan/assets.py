@@ -10,6 +10,9 @@ run directory, so ``DIR=./tests/assets`` needs no path flags):
   ``<|end_of_text|>`` and a ``tokenizer_config.json`` naming them (what
   torchtitan's HuggingFaceTokenizer reads). Vocabulary <= 2048, the debug
   models' vocab size.
+* FLUX's assets (``flux/``, ``cc12m_test/``: tiny T5 and CLIP encoders with their
+  tokenizers, random autoencoders, image-caption pairs): ``torchtpu.titan.flux_assets``;
+  ``--no-flux`` skips them, ``--flux-test-only`` skips the 168 MB flux-debug autoencoder.
 * ``c4_test/data.json``: JSON lines of ``{"text", "timestamp", "url"}`` (the
   shape of torchtitan's ``c4_test`` dataset, loaded with
   ``datasets.load_dataset(DIR/c4_test, split="train")``).
@@ -101,10 +104,20 @@ def main(argv=None) -> None:
     p.add_argument("--vocab", type=int, default=1024, help="BPE vocabulary size (<= 2048 for the debug models)")
     p.add_argument("--mirror", action="store_true",
                    help="second half of the documents = the first (2 data-parallel ranks read the same data)")
+    p.add_argument("--no-flux", action="store_true", help="skip FLUX's encoders, autoencoders and images")
+    p.add_argument("--flux-test-only", action="store_true",
+                   help="FLUX assets for flux_testmodel / flux_dev_dryrun only (no 168 MB flux-debug autoencoder)")
     a = p.parse_args(argv)
     info = build(a.dir, a.docs, a.vocab, a.mirror)
     print(f"wrote {info['root']}/tokenizer (vocab {info['vocab']}) and {info['root']}/c4_test "
           f"({info['docs']} documents)")
+    if not a.no_flux:
+        from torchtpu.titan import flux_assets
+
+        f = flux_assets.build(a.dir, full_autoencoder=not a.flux_test_only)
+        print(f"wrote {info['root']}/flux (T5 vocab {f['t5_vocab']}, CLIP vocab {f['clip_vocab']}, "
+              f"autoencoders {f.get('ae_params', 0) + f['ae_test_params']} parameters) and "
+              f"{info['root']}/cc12m_test ({f['images']} images)")
 
 
 if __name__ == "__main__":

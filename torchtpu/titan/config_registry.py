@@ -24,7 +24,8 @@ from torchtitan.trainer import Trainer
 
 __all__ = ["llama3_debugmodel", "qwen3_debugmodel", "qwen3_debugmodel_moe",
            "llama3_70b", "qwen3_8b", "qwen3_235b_a22b",
-           "llama3_70b_dryrun", "qwen3_8b_dryrun", "qwen3_235b_a22b_dryrun", "RECIPES"]
+           "llama3_70b_dryrun", "qwen3_8b_dryrun", "qwen3_235b_a22b_dryrun",
+           "flux_debugmodel", "flux_testmodel", "flux_dev", "flux_dev_dryrun", "RECIPES"]
 
 
 def _for_tpu(config: Trainer.Config) -> Trainer.Config:
@@ -193,9 +194,94 @@ def qwen3_235b_a22b_dryrun() -> Trainer.Config:
     return _dryrun(_qwen3_235b_a22b("235B-A22B"), model_registry("debugmodel_moe", attn_backend="varlen"))
 
 
+# --- FLUX (torchtitan's FluxTrainer; docs/titan.md "FLUX") -------------------------------------
+#
+# torchtitan's FLUX configs read T5-XXL and CLIP-L from the hub and a downloaded ae.safetensors.
+# Here they read what ``python -m torchtpu.titan.assets`` writes under ./tests/assets (flux/t5,
+# flux/clip: tiny encoders at FLUX.1's widths with their tokenizers; flux/ae*.safetensors: random
+# autoencoders in FLUX's layout; cc12m_test/*.tar: image-caption pairs).
+
+_ASSETS = "./tests/assets"
+
+
+def _flux_local(config, autoencoder: str = "ae.safetensors"):
+    flux = f"{_ASSETS}/flux"
+    config.hf_assets_path = f"{flux}/t5"
+    config.tokenizer.t5_tokenizer_path = config.encoder.t5_encoder = f"{flux}/t5"
+    config.tokenizer.clip_tokenizer_path = config.encoder.clip_encoder = f"{flux}/clip"
+    config.encoder.autoencoder_path = f"{flux}/{autoencoder}"
+    for dl in (config.dataloader, config.validator.dataloader):
+        dl.dataset, dl.dataset_path = "cc12m-test", f"{_ASSETS}/cc12m_test"
+    config.training.disable_cuda_graphs = True
+    config.parallelism.spmd_backend = "partial_dtensor"
+    return config
+
+
+def flux_debugmodel():
+    """torchtitan's flux_debugmodel (flux-debug: hidden 1536, 2 + 2 blocks, FLUX's autoencoder)
+    on the local assets, fp32."""
+    from torchtitan.models.flux import config_registry as reg
+
+    config = _flux_local(reg.flux_debugmodel())
+    config.training.mixed_precision_param = "float32"
+    return config
+
+
+def _flux_test_size(config, steps: int = 3):
+    from torchtpu.titan.flux_configs import model_spec, test_model
+
+    config.model_spec = model_spec(test_model(), "flux-test")
+    _flux_local(config, autoencoder="ae_test.safetensors")
+    config.tokenizer.max_t5_encoding_len = 32
+    config.dataloader.img_size = config.validator.dataloader.img_size = 64
+    config.training.local_batch_size = 2
+    config.training.steps = steps
+    val = config.validator
+    val.enable, val.freq, val.steps, val.save_img_count = True, steps, 1, 1
+    val.sampling.denoising_steps = 2
+    config.checkpoint.interval = steps
+    config.metrics.log_freq = 1
+    return config
+
+
+def flux_testmodel():
+    """CPU-sized FLUX (torchtpu.titan.flux_configs.test_model: hidden 256, 2 + 2 blocks, a small
+    autoencoder), 64 x 64 images, T5 length 32, batch 2, 3 steps, validation with sampling at the
+    last step: flux_debugmodel's recipe otherwise."""
+    from torchtitan.models.flux import config_registry as reg
+
+    config = _flux_test_size(reg.flux_debugmodel())
+    config.training.mixed_precision_param = "float32"
+    return config
+
+
+def _flux_dev():
+    from torchtitan.models.flux import config_registry as reg
+
+    # torchtitan's FLUX.1-dev recipe (AdamW 1e-4, 3000 warm-up steps, local batch 32, 256 px,
+    # cc12m, full AC, T5 length 512); FSDP over every chip, bf16 params with f32 reduction,
+    # the blocks and the loss compiled.
+    return _pod(reg.flux_dev())
+
+
+def flux_dev():
+    """FLUX.1-dev (12B), pod recipe: FSDP, full AC, bf16, compiled; its encoders from the hub
+    paths torchtitan names (google/t5-v1_1-xxl, openai/clip-vit-large-patch14)."""
+    return _flux_dev()
+
+
+def flux_dev_dryrun():
+    """flux_dev's recipe at the test size on the local assets (2 steps, validation off)."""
+    config = _flux_test_size(_flux_dev(), steps=2)
+    config.validator.enable = False
+    config.checkpoint.enable = False
+    return config
+
+
 # name -> (recipe, its dry run, the published model it reproduces)
 RECIPES = {
     "llama3_70b": (llama3_70b, llama3_70b_dryrun, "meta-llama/Llama-3.1-70B"),
     "qwen3_8b": (qwen3_8b, qwen3_8b_dryrun, "Qwen/Qwen3-8B"),
     "qwen3_235b_a22b": (qwen3_235b_a22b, qwen3_235b_a22b_dryrun, "Qwen/Qwen3-235B-A22B"),
+    "flux_dev": (flux_dev, flux_dev_dryrun, "black-forest-labs/FLUX.1-dev"),
 }
