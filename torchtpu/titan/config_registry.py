@@ -205,6 +205,9 @@ _ASSETS = "./tests/assets"
 
 
 def _flux_local(config, autoencoder: str = "ae.safetensors"):
+    from torchtpu.titan.flux import from_titan_config
+
+    config = from_titan_config(config)  # torchtpu.titan.flux.FluxTrainer: see its docstring
     flux = f"{_ASSETS}/flux"
     config.hf_assets_path = f"{flux}/t5"
     config.tokenizer.t5_tokenizer_path = config.encoder.t5_encoder = f"{flux}/t5"
@@ -230,8 +233,8 @@ def flux_debugmodel():
 def _flux_test_size(config, steps: int = 3):
     from torchtpu.titan.flux_configs import model_spec, test_model
 
+    config = _flux_local(config, autoencoder="ae_test.safetensors")
     config.model_spec = model_spec(test_model(), "flux-test")
-    _flux_local(config, autoencoder="ae_test.safetensors")
     config.tokenizer.max_t5_encoding_len = 32
     config.dataloader.img_size = config.validator.dataloader.img_size = 64
     config.training.local_batch_size = 2
@@ -261,7 +264,9 @@ def _flux_dev():
     # torchtitan's FLUX.1-dev recipe (AdamW 1e-4, 3000 warm-up steps, local batch 32, 256 px,
     # cc12m, full AC, T5 length 512); FSDP over every chip, bf16 params with f32 reduction,
     # the blocks and the loss compiled.
-    return _pod(reg.flux_dev())
+    from torchtpu.titan.flux import from_titan_config
+
+    return _pod(from_titan_config(reg.flux_dev()))
 
 
 def flux_dev():
