@@ -81,6 +81,7 @@ def _prims_to_aten(gm: torch.fx.GraphModule) -> None:
     """Inductor's decompositions leave a few prims in its graphs; the registry lowers
     their ATen equivalents."""
     prims = torch.ops.prims
+    fma = getattr(prims, "fma", None)  # registered by torch._inductor.inductor_prims
     g = gm.graph
     for n in list(g.nodes):
         if n.op != "call_function":
@@ -93,6 +94,9 @@ def _prims_to_aten(gm: torch.fx.GraphModule) -> None:
             n.target = torch.ops.aten.arange.start_step
             n.args = (start, start + step * length, step)
             n.kwargs = {"dtype": n.kwargs["dtype"], "device": n.kwargs["device"]}
+        elif fma is not None and n.target is fma.default:  # a * b + c (Inductor's lerp/addcmul decompositions)
+            a, b, c = n.args
+            n.target, n.args, n.kwargs = torch.ops.aten.addcmul.default, (c, a, b), {}
     gm.recompile()
 
 
