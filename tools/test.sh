@@ -67,7 +67,7 @@ if [ "$TORCH" != "2.13.0" ] && [ -z "${PYTEST_ARGS:-}" ] && [ -z "${TORCHTPU_TES
   NAMES=(basic views copy layout device device_rules errors meta_rules module_to print random_generators
          compile compile_default compile_views compile_options compile_varlen opinfo_compile hf)
   [ "$TORCH" = "2.14.1" ] && NAMES+=(compile_moe opinfo lowp scaled_mm quant sparse flash_attention
-                                     distributed titan titan_recipes)
+                                     distributed titan titan_recipes titan_flux)
   FILES=()
   for f in "${NAMES[@]}"; do FILES+=("tests/test_$f.py"); done
 fi
