@@ -138,6 +138,10 @@ class Builder {
   // what XLA's TPU compiler rejects, by name, instead of a compile failure.
   void set_tpu_target(bool on) { tpu_target_ = on; }
   bool tpu_target() const { return tpu_target_; }
+  // The program runs on the XLA CPU plugin and is not also checked for a TPU: lowerings may
+  // pick the form that suits a CPU (a loop of small products where a TPU wants one batch).
+  void set_cpu_target(bool on) { cpu_target_ = on; }
+  bool cpu_target() const { return cpu_target_; }
   F32Precision f32_precision() const { return f32_precision_; }
   // ", precision_config = [...]" for operands of these types, or "".
   std::string PrecisionAttr(ET a, ET b, Prec p = Prec::kUser) const;
@@ -157,6 +161,7 @@ class Builder {
   std::string indent_ = "    ";
   F32Precision f32_precision_ = F32Precision::kHighest;
   bool tpu_target_ = false;
+  bool cpu_target_ = false;
 };
 
 }  // namespace tt::hlo

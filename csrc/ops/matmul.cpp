@@ -112,6 +112,10 @@ namespace {
 //   group's weight, and each position reads its result back from its tile. Work
 //   ~ (M + G * T) / M of the product itself, for T about M / G: ~2x instead of Gx
 //   (torchtitan's debug MoE, 64 experts: 32x less).
+//   On the XLA CPU plugin (Builder::cpu_target) the same tiles run as a loop, one
+//   product per tile against a slice of its group's weight: the batched form's
+//   per-tile weight gather (G + M/T copies of K x N) costs more there than the
+//   products (10x at the debug MoE's shapes).
 namespace {
 
 // (n): how many of `ends` (G, s64, non-decreasing) are <= each position 0..n-1: the group of
@@ -129,6 +133,8 @@ struct Tiles {
   Value group;           // (n) s64: each tile's group, clamped to [0, G)
   Value valid_pos;       // (n, t) pred: the tile position holds a grouped position
   Value pos;             // (n, t) s64: that position, clamped to [0, M)
+  Value first;           // (n) s64: each tile's first position (past M for unused tiles)
+  Value count;           // () s64: the tiles in use (the others follow them)
 };
 
 // The tile schedule of M positions in groups ending at offs (G, s64).
@@ -148,6 +154,8 @@ Tiles TileSchedule(Builder& b, Value offs, int64_t m, int64_t t) {
   r.group = b.Min(gj, b.Splat(gj.type, double(g - 1)));
   Value first = b.Add(RowGather(b, r.starts, r.group),
                       b.Mul(b.Sub(b.Iota(gj.type, 0), RowGather(b, r.tbegin, r.group)), b.Splat(gj.type, double(t))));
+  r.first = first;
+  r.count = b.Reshape(b.SliceDim(tend, 0, g - 1, g), {});
   const Type nt(ET::S64, {r.n, t});
   Value p = b.Add(b.Broadcast(first, {r.n, t}, {0}), b.Iota(nt, 1));
   Value end = b.Broadcast(RowGather(b, offs, r.group), {r.n, t}, {0});
@@ -173,6 +181,78 @@ int64_t TileSize(int64_t m, int64_t g) {
   int64_t t = 8;
   while (t < 256 && t * g < m) t *= 2;
   return t;
+}
+
+// v[i] of a 1-D s64 vector at a 0-d s64 index, as a 0-d value.
+Value At(Builder& b, Value v, Value i) {
+  return b.Reshape(b.Op1("stablehlo.dynamic_slice", {v, i}, Type(v.et(), {1}), "slice_sizes = array<i64: 1>"), {});
+}
+
+Value DynSlice(Builder& b, Value v, const std::vector<Value>& starts, const Dims& sizes) {
+  std::vector<Value> ops{v};
+  ops.insert(ops.end(), starts.begin(), starts.end());
+  return b.Op1("stablehlo.dynamic_slice", ops, v.type.with_dims(sizes), "slice_sizes = " + hlo::I64Array(sizes));
+}
+
+// A loop over the tiles in use: state (tile index, acc); body(j, acc) -> acc.
+Value ForTiles(Builder& b, const Tiles& tl, Value acc, const std::function<Value(Builder&, Value, Value)>& body) {
+  const Type s64(ET::S64, {});
+  hlo::Region cond, step;
+  cond.arg_types = {s64, acc.type};
+  cond.body = [&](Builder& b, const std::vector<Value>& a) {
+    return std::vector<Value>{b.Compare(a[0], tl.count, "LT")};
+  };
+  step.arg_types = cond.arg_types;
+  step.body = [&](Builder& b, const std::vector<Value>& a) {
+    return std::vector<Value>{b.Add(a[0], b.Splat(s64, 1.0)), body(b, a[0], a[1])};
+  };
+  return b.Op("stablehlo.while", {b.Zeros(s64), acc}, {s64, acc.type}, "", {cond, step})[1];
+}
+
+// 2D x 3D as a loop over tiles (the CPU plugin): x (M, K), w (G, K, N) -> (M, N) in ct. Tiles
+// run in position order; a group's last tile also writes past the group's end, rows that a later
+// tile (or the final mask of rows past offs[-1]) overwrites.
+Value GroupedRowsLoop(Builder& b, Value x, Value w, Value offs, ET in, ET ct) {
+  const int64_t m = x.dims()[0], k = x.dims()[1], n = w.dims()[2], g = offs.dims()[0];
+  const int64_t t = TileSize(m, g);
+  Tiles tl = TileSchedule(b, offs, m, t);
+  Value zero = b.Zeros(Type(ET::S64, {}));
+  // the operands are widened to ct once (exact): XLA:CPU then slices each tile's weight without
+  // a copy (a bf16 weight's tiles were converted one by one: 2x slower)
+  Value xp = Cast(b, b.Pad(Cast(b, x, in), b.Zeros(Type(in, {})), {0, 0}, {t, 0}, {0, 0}), ct);  // (M + T, K)
+  Value wi = Cast(b, Cast(b, w, in), ct);
+  Value out = ForTiles(b, tl, b.Zeros(Type(ct, {m + t, n})), [&](Builder& b, Value j, Value acc) {
+    Value first = At(b, tl.first, j), grp = At(b, tl.group, j);
+    Value xs = DynSlice(b, xp, {first, zero}, {t, k});
+    Value ws = b.Reshape(DynSlice(b, wi, {grp, zero, zero}, {1, k, n}), {k, n});
+    return b.DynamicUpdateSlice(acc, b.DotGeneral(xs, ws, {}, {}, {1}, {0}, Type(ct, {t, n})), {first, zero});
+  });
+  Value y = b.SliceDim(out, 0, 0, m);
+  Value grouped = b.Compare(GroupOf(b, offs, m), b.Splat(Type(ET::S64, {m}), double(g)), "LT");
+  return b.Select(b.Broadcast(grouped, {m, n}, {0}), y, b.Zeros(y.type));
+}
+
+// 2D x 2D, K grouped, as a loop over tiles (the CPU plugin): x (M, K), w (K, N) -> (G, M, N) in
+// ct; each tile's product is added to its group's slice, positions past the group's end masked.
+Value GroupedKLoop(Builder& b, Value x, Value w, Value offs, ET in, ET ct) {
+  const int64_t m = x.dims()[0], k = x.dims()[1], n = w.dims()[1], g = offs.dims()[0];
+  const int64_t t = TileSize(k, g);
+  Tiles tl = TileSchedule(b, offs, k, t);
+  Value zero = b.Zeros(Type(ET::S64, {}));
+  Value xp = Cast(b, b.Pad(Cast(b, x, in), b.Zeros(Type(in, {})), {0, 0}, {0, t}, {0, 0}), ct);  // (M, K + T)
+  Value wp = Cast(b, b.Pad(Cast(b, w, in), b.Zeros(Type(in, {})), {0, 0}, {t, 0}, {0, 0}), ct);  // (K + T, N)
+  return ForTiles(b, tl, b.Zeros(Type(ct, {g, m, n})), [&](Builder& b, Value j, Value acc) {
+    Value first = At(b, tl.first, j), grp = At(b, tl.group, j);
+    Value end = At(b, offs, grp);
+    const Type ts(ET::S64, {t});
+    Value in_group = b.Compare(b.Add(b.Broadcast(first, {t}, {}), b.Iota(ts, 0)), b.Broadcast(end, {t}, {}), "LT");
+    Value ws = DynSlice(b, wp, {first, zero}, {t, n});
+    ws = b.Select(b.Broadcast(in_group, {t, n}, {0}), ws, b.Zeros(ws.type));
+    Value xs = DynSlice(b, xp, {zero, first}, {m, t});
+    Value p = b.DotGeneral(xs, ws, {}, {}, {1}, {0}, Type(ct, {m, n}));
+    Value cur = DynSlice(b, acc, {grp, zero, zero}, {1, m, n});
+    return b.DynamicUpdateSlice(acc, b.Add(cur, b.Reshape(p, {1, m, n})), {grp, zero, zero});
+  });
 }
 
 // Tiled 2D x 3D: x (M, K), w (G, K, N) -> (M, N) in ct.
@@ -224,10 +304,11 @@ std::vector<Value> GroupedMm(LowerCtx& c) {
   const int64_t g = offs.dims()[0];
   // tiled when it does less work than dense: (M + G*T) rows against M*G
   auto tiled_pays = [&](int64_t m) { return g >= 4 && m + g * TileSize(m, g) < m * g / 2; };
+  const bool loop = b.cpu_target();
   if (x.rank() == 2 && w.rank() == 3 && tiled_pays(x.dims()[0]))
-    return {Cast(b, GroupedRowsTiled(b, x, w, offs, in, ct), et)};
+    return {Cast(b, (loop ? GroupedRowsLoop : GroupedRowsTiled)(b, x, w, offs, in, ct), et)};
   if (x.rank() == 2 && w.rank() == 2 && tiled_pays(x.dims()[1]))
-    return {Cast(b, GroupedKTiled(b, x, w, offs, in, ct), et)};
+    return {Cast(b, (loop ? GroupedKLoop : GroupedKTiled)(b, x, w, offs, in, ct), et)};
   // Group of each position 0..n-1 along the grouped dimension: #ends <= pos.
   auto group_of = [&](int64_t n) { return GroupOf(b, offs, n); };
   // one-hot (n, g): position n is in group g

@@ -195,6 +195,7 @@ std::recursive_mutex& Region::Lock() {
 void Region::Reset() {
   b_ = std::make_unique<hlo::Builder>();
   b_->set_tpu_target(GetConfig().plugin_name == "tpu" || TpuCheckOn());
+  b_->set_cpu_target(GetConfig().plugin_name == "cpu" && !TpuCheckOn());
   args_.clear();
   arg_src_.clear();
   buf_args_.clear();
