@@ -9,8 +9,12 @@ per step), fp32 parameters:
   * titan_tpu_llama3: `torchrun -m torchtitan.train --module torchtpu.titan
     --config llama3_debugmodel` on tpu (the README command, shorter);
   * titan_tpu_qwen3: the same with `--config qwen3_debugmodel`;
-  * titan_tpu_llama3_compiled / titan_tpu_qwen3_compiled: the same with
-    `--compile.enable` (every block and the loss compiled by torchtpu);
+  * titan_tpu_qwen3_moe: `--config qwen3_debugmodel_moe` (torchtitan's debug MoE: 64 experts of
+    768 x 256 in 8 layers, 315.8M parameters, ~45M active per token);
+  * titan_tpu_flux: `--config flux_testmodel` (FluxTrainer, CPU-sized FLUX, 64 px images and T5
+    length 32: 48 tokens per image, validation off);
+  * titan_tpu_<model>_compiled: the same with `--compile.enable` (every block and the loss
+    compiled by torchtpu);
   * recipe_cpu_llama3: `torchtpu.examples.train_llama --model debugmodel
     --device cpu` (torchtitan's llama3 debug model, FSDP2 over Gloo): the CPU
     reference. torchtitan itself cannot run on CPU unpatched (docs/titan.md);
@@ -115,12 +119,17 @@ def main():
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="torchtpu-bench-titan-")
     subprocess.run([sys.executable, "-m", "torchtpu.titan.assets", os.path.join(tmp, "tests", "assets"),
-                    "--docs", "400"], cwd=ROOT, env=_env(tmp), check=True, capture_output=True, timeout=300)
+                    "--docs", "400", "--flux-test-only"], cwd=ROOT, env=_env(tmp), check=True, capture_output=True, timeout=300)
     runs = {
         "titan_tpu_llama3": lambda: titan(tmp, "llama3_debugmodel", a.steps),
         "titan_tpu_qwen3": lambda: titan(tmp, "qwen3_debugmodel", a.steps),
         "titan_tpu_llama3_compiled": lambda: titan(tmp, "llama3_debugmodel", a.steps, "--compile.enable"),
         "titan_tpu_qwen3_compiled": lambda: titan(tmp, "qwen3_debugmodel", a.steps, "--compile.enable"),
+        "titan_tpu_qwen3_moe": lambda: titan(tmp, "qwen3_debugmodel_moe", a.steps),
+        "titan_tpu_qwen3_moe_compiled": lambda: titan(tmp, "qwen3_debugmodel_moe", a.steps, "--compile.enable"),
+        "titan_tpu_flux": lambda: titan(tmp, "flux_testmodel", a.steps, "--validator.no-enable"),
+        "titan_tpu_flux_compiled": lambda: titan(tmp, "flux_testmodel", a.steps, "--validator.no-enable",
+                                                 "--compile.enable"),
         "recipe_cpu_llama3": lambda: recipe(tmp, "cpu", a.steps),
         "recipe_tpu_llama3": lambda: recipe(tmp, "tpu", a.steps),
     }
@@ -145,10 +154,13 @@ def main():
         ref = res["recipe_cpu_llama3"]["tokens_per_s_per_device"]
         for k in runs:
             res[k]["vs_recipe_cpu"] = round(res[k]["tokens_per_s_per_device"] / ref, 3)
-    for m in ("llama3", "qwen3"):
+    for m in ("llama3", "qwen3", "qwen3_moe", "flux"):
         if f"titan_tpu_{m}" in res and f"titan_tpu_{m}_compiled" in res:
             res[f"titan_tpu_{m}_compiled"]["vs_eager"] = round(
                 res[f"titan_tpu_{m}_compiled"]["tokens_per_s_per_device"] / res[f"titan_tpu_{m}"]["tokens_per_s_per_device"], 3)
+    if "titan_tpu_qwen3" in res and "titan_tpu_qwen3_moe" in res:
+        res["titan_tpu_qwen3_moe"]["vs_dense_qwen3"] = round(
+            res["titan_tpu_qwen3_moe"]["tokens_per_s_per_device"] / res["titan_tpu_qwen3"]["tokens_per_s_per_device"], 3)
     report(res, a.json)
 
 
