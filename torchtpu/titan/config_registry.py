@@ -126,72 +126,60 @@ def _loss_for(config: Trainer.Config, spec) -> None:
         loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(spec)))
 
 
-def _llama3_70b(flavor: str) -> Trainer.Config:
+def llama3_70b() -> Trainer.Config:
+    """Llama 3 70B (torchtitan's "70B" flavor), pod recipe: TP 8 x FSDP, full AC, bf16, compiled."""
     from torchtitan.models.llama3 import config_registry as reg
     from torchtitan.models.llama3 import model_registry
 
     config = reg.llama3_70b()  # TP 8, seq 8192, local batch 8, AdamW 1.5e-4, c4
-    config.model_spec = model_registry(flavor, attn_backend="varlen")
+    config.model_spec = model_registry("70B", attn_backend="varlen")
     _loss_for(config, config.model_spec)
     # TP 8 inside a v5p/v6e host's chips, FSDP across hosts
     return _pod(config, tp=8)
 
 
-def _qwen3_8b(flavor: str) -> Trainer.Config:
+def qwen3_8b() -> Trainer.Config:
+    """Qwen3 8B, pod recipe: FSDP, full AC, bf16, compiled."""
     from torchtitan.models.qwen3 import config_registry as reg
     from torchtitan.models.qwen3 import model_registry
 
     config = reg.qwen3_14b()  # the dense Qwen3 recipe: FSDP, seq 4096, local batch 4
-    config.model_spec = model_registry(flavor, attn_backend="varlen")
+    config.model_spec = model_registry("8B", attn_backend="varlen")
     config.hf_assets_path = "./assets/hf/Qwen3-8B"
     _loss_for(config, config.model_spec)
     return _pod(config)  # 8B fits FSDP alone (bf16 params + f32 Adam: ~16 B/param sharded)
 
 
-def _qwen3_235b_a22b(flavor: str) -> Trainer.Config:
+def qwen3_235b_a22b() -> Trainer.Config:
+    """Qwen3 235B-A22B (MoE, 128 experts, 8 active), pod recipe: EP 8, TP 4, FSDP, full AC, bf16,
+    compiled."""
     from torchtitan.models.qwen3 import config_registry as reg
     from torchtitan.models.qwen3 import model_registry
 
     config = reg.qwen3_30b_a3b()  # the MoE Qwen3 recipe: FSDP, seq 4096, local batch 2
-    config.model_spec = model_registry(flavor, attn_backend="varlen")
+    config.model_spec = model_registry("235B-A22B", attn_backend="varlen")
     config.hf_assets_path = "./assets/hf/Qwen3-235B-A22B"
     _loss_for(config, config.model_spec)
     # 128 experts over 8 expert-parallel ranks (16 each), TP 4 for attention
     return _pod(config, tp=4, ep=8)
 
 
-def llama3_70b() -> Trainer.Config:
-    """Llama 3 70B (torchtitan's "70B" flavor), pod recipe: TP 8 x FSDP, full AC, bf16, compiled."""
-    return _llama3_70b("70B")
-
-
-def qwen3_8b() -> Trainer.Config:
-    """Qwen3 8B, pod recipe: FSDP, full AC, bf16, compiled."""
-    return _qwen3_8b("8B")
-
-
-def qwen3_235b_a22b() -> Trainer.Config:
-    """Qwen3 235B-A22B (MoE, 128 experts, 8 active), pod recipe: EP 8, TP 4, FSDP, full AC, bf16,
-    compiled."""
-    return _qwen3_235b_a22b("235B-A22B")
-
-
 def llama3_70b_dryrun() -> Trainer.Config:
     from torchtitan.models.llama3 import model_registry
 
-    return _dryrun(_llama3_70b("70B"), model_registry("debugmodel", attn_backend="varlen"))
+    return _dryrun(llama3_70b(), model_registry("debugmodel", attn_backend="varlen"))
 
 
 def qwen3_8b_dryrun() -> Trainer.Config:
     from torchtitan.models.qwen3 import model_registry
 
-    return _dryrun(_qwen3_8b("8B"), model_registry("debugmodel", attn_backend="varlen"))
+    return _dryrun(qwen3_8b(), model_registry("debugmodel", attn_backend="varlen"))
 
 
 def qwen3_235b_a22b_dryrun() -> Trainer.Config:
     from torchtitan.models.qwen3 import model_registry
 
-    return _dryrun(_qwen3_235b_a22b("235B-A22B"), model_registry("debugmodel_moe", attn_backend="varlen"))
+    return _dryrun(qwen3_235b_a22b(), model_registry("debugmodel_moe", attn_backend="varlen"))
 
 
 # --- FLUX (torchtitan's FluxTrainer; docs/titan.md "FLUX") -------------------------------------
@@ -249,8 +237,8 @@ def _flux_test_size(config, steps: int = 3):
 
 def flux_testmodel():
     """CPU-sized FLUX (torchtpu.titan.flux_configs.test_model: hidden 256, 2 + 2 blocks, a small
-    autoencoder), 64 x 64 images, T5 length 32, batch 2, 3 steps, validation with sampling at the
-    last step: flux_debugmodel's recipe otherwise."""
+    autoencoder), 64 x 64 images, T5 length 32, batch 2, 3 steps, validation with sampling at
+    steps 1 and 3: flux_debugmodel's recipe otherwise."""
     from torchtitan.models.flux import config_registry as reg
 
     config = _flux_test_size(reg.flux_debugmodel())
@@ -258,26 +246,22 @@ def flux_testmodel():
     return config
 
 
-def _flux_dev():
+def flux_dev():
+    """FLUX.1-dev (12B), pod recipe: FSDP, full AC, bf16, compiled; its encoders from the hub
+    paths torchtitan names (google/t5-v1_1-xxl, openai/clip-vit-large-patch14)."""
     from torchtitan.models.flux import config_registry as reg
+
+    from torchtpu.titan.flux import from_titan_config
 
     # torchtitan's FLUX.1-dev recipe (AdamW 1e-4, 3000 warm-up steps, local batch 32, 256 px,
     # cc12m, full AC, T5 length 512); FSDP over every chip, bf16 params with f32 reduction,
     # the blocks and the loss compiled.
-    from torchtpu.titan.flux import from_titan_config
-
     return _pod(from_titan_config(reg.flux_dev()))
-
-
-def flux_dev():
-    """FLUX.1-dev (12B), pod recipe: FSDP, full AC, bf16, compiled; its encoders from the hub
-    paths torchtitan names (google/t5-v1_1-xxl, openai/clip-vit-large-patch14)."""
-    return _flux_dev()
 
 
 def flux_dev_dryrun():
     """flux_dev's recipe at the test size on the local assets (2 steps, validation off)."""
-    config = _flux_test_size(_flux_dev(), steps=2)
+    config = _flux_test_size(flux_dev(), steps=2)
     config.validator.enable = False
     config.checkpoint.enable = False
     return config
