@@ -112,6 +112,11 @@ def main(argv=None) -> None:
     print(f"wrote {info['root']}/tokenizer (vocab {info['vocab']}) and {info['root']}/c4_test "
           f"({info['docs']} documents)")
     if not a.no_flux:
+        import importlib.util
+
+        if importlib.util.find_spec("torchtitan") is None:
+            print("FLUX assets skipped: they need torchtitan (pip install 'torchtpu[titan]')")
+            return
         from torchtpu.titan import flux_assets
 
         f = flux_assets.build(a.dir, full_autoencoder=not a.flux_test_only)
