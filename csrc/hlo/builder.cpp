@@ -482,6 +482,12 @@ Value Builder::DotGeneral(Value a, Value b, const Dims& lb, const Dims& rb, cons
                  ", rhs_contracting_dimensions = " + IntList(rc) + ">" + PrecisionAttr(a.et(), b.et(), p));
 }
 
+Value Builder::DynamicSlice(Value operand, const std::vector<Value>& starts, const Dims& sizes) {
+  std::vector<Value> ops{operand};
+  ops.insert(ops.end(), starts.begin(), starts.end());
+  return Op1("stablehlo.dynamic_slice", ops, operand.type.with_dims(sizes), "slice_sizes = " + I64Array(sizes));
+}
+
 Value Builder::DynamicUpdateSlice(Value operand, Value update, const std::vector<Value>& starts) {
   std::vector<Value> ops{operand, update};
   ops.insert(ops.end(), starts.begin(), starts.end());

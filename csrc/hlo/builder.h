@@ -147,6 +147,7 @@ class Builder {
   std::string PrecisionAttr(ET a, ET b, Prec p = Prec::kUser) const;
   Value DotGeneral(Value a, Value b, const Dims& lb, const Dims& rb, const Dims& lc,
                    const Dims& rc, const Type& result, Prec p = Prec::kUser);
+  Value DynamicSlice(Value operand, const std::vector<Value>& starts, const Dims& sizes);
   Value DynamicUpdateSlice(Value operand, Value update, const std::vector<Value>& starts);
 
  private:

@@ -514,9 +514,9 @@ std::vector<Value> PagedAttention(LowerCtx& c) {
       auto rows = [&](Value v) {
         Dims sizes = v.dims();
         sizes[0] = Tq;
-        std::vector<Value> ops{v, row};
-        for (int d = 1; d < v.rank(); ++d) ops.push_back(s64);
-        return b.Op1("stablehlo.dynamic_slice", ops, v.type.with_dims(sizes), "slice_sizes = " + hlo::I64Array(sizes));
+        std::vector<Value> starts{row};
+        for (int d = 1; d < v.rank(); ++d) starts.push_back(s64);
+        return b.DynamicSlice(v, starts, sizes);
       };
       Value res = tile(b, rows(q4), rows(pos), rows(lo), rows(valid), rows(bt_t), Tq);
       Value upd = b.DynamicUpdateSlice(a[1], res, {row, s64, s64, s64});

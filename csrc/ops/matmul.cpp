@@ -183,16 +183,8 @@ int64_t TileSize(int64_t m, int64_t g) {
   return t;
 }
 
-// v[i] of a 1-D s64 vector at a 0-d s64 index, as a 0-d value.
-Value At(Builder& b, Value v, Value i) {
-  return b.Reshape(b.Op1("stablehlo.dynamic_slice", {v, i}, Type(v.et(), {1}), "slice_sizes = array<i64: 1>"), {});
-}
-
-Value DynSlice(Builder& b, Value v, const std::vector<Value>& starts, const Dims& sizes) {
-  std::vector<Value> ops{v};
-  ops.insert(ops.end(), starts.begin(), starts.end());
-  return b.Op1("stablehlo.dynamic_slice", ops, v.type.with_dims(sizes), "slice_sizes = " + hlo::I64Array(sizes));
-}
+// v[i] of a 1-D vector at a 0-d s64 index, as a 0-d value.
+Value At(Builder& b, Value v, Value i) { return b.Reshape(b.DynamicSlice(v, {i}, {1}), {}); }
 
 // A loop over the tiles in use: state (tile index, acc); body(j, acc) -> acc.
 Value ForTiles(Builder& b, const Tiles& tl, Value acc, const std::function<Value(Builder&, Value, Value)>& body) {
@@ -223,8 +215,8 @@ Value GroupedRowsLoop(Builder& b, Value x, Value w, Value offs, ET in, ET ct) {
   Value wi = Cast(b, Cast(b, w, in), ct);
   Value out = ForTiles(b, tl, b.Zeros(Type(ct, {m + t, n})), [&](Builder& b, Value j, Value acc) {
     Value first = At(b, tl.first, j), grp = At(b, tl.group, j);
-    Value xs = DynSlice(b, xp, {first, zero}, {t, k});
-    Value ws = b.Reshape(DynSlice(b, wi, {grp, zero, zero}, {1, k, n}), {k, n});
+    Value xs = b.DynamicSlice(xp, {first, zero}, {t, k});
+    Value ws = b.Reshape(b.DynamicSlice(wi, {grp, zero, zero}, {1, k, n}), {k, n});
     return b.DynamicUpdateSlice(acc, b.DotGeneral(xs, ws, {}, {}, {1}, {0}, Type(ct, {t, n})), {first, zero});
   });
   Value y = b.SliceDim(out, 0, 0, m);
@@ -246,11 +238,11 @@ Value GroupedKLoop(Builder& b, Value x, Value w, Value offs, ET in, ET ct) {
     Value end = At(b, offs, grp);
     const Type ts(ET::S64, {t});
     Value in_group = b.Compare(b.Add(b.Broadcast(first, {t}, {}), b.Iota(ts, 0)), b.Broadcast(end, {t}, {}), "LT");
-    Value ws = DynSlice(b, wp, {first, zero}, {t, n});
+    Value ws = b.DynamicSlice(wp, {first, zero}, {t, n});
     ws = b.Select(b.Broadcast(in_group, {t, n}, {0}), ws, b.Zeros(ws.type));
-    Value xs = DynSlice(b, xp, {zero, first}, {m, t});
+    Value xs = b.DynamicSlice(xp, {zero, first}, {m, t});
     Value p = b.DotGeneral(xs, ws, {}, {}, {1}, {0}, Type(ct, {m, n}));
-    Value cur = DynSlice(b, acc, {grp, zero, zero}, {1, m, n});
+    Value cur = b.DynamicSlice(acc, {grp, zero, zero}, {1, m, n});
     return b.DynamicUpdateSlice(acc, b.Add(cur, b.Reshape(p, {1, m, n})), {grp, zero, zero});
   });
 }

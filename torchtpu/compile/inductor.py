@@ -94,7 +94,7 @@ def _prims_to_aten(gm: torch.fx.GraphModule) -> None:
             n.target = torch.ops.aten.arange.start_step
             n.args = (start, start + step * length, step)
             n.kwargs = {"dtype": n.kwargs["dtype"], "device": n.kwargs["device"]}
-        elif fma is not None and n.target is fma.default:  # a * b + c (Inductor's lerp/addcmul decompositions)
+        elif fma is not None and n.target is fma.default:  # a * b + c (Inductor's softmax backward)
             a, b, c = n.args
             n.target, n.args, n.kwargs = torch.ops.aten.addcmul.default, (c, a, b), {}
     gm.recompile()
