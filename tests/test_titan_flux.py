@@ -26,6 +26,7 @@ pytest.importorskip("torchtitan")
 import torch  # noqa: E402
 
 from test_titan import ANSI, ROOT, _env, train  # noqa: E402
+from test_titan_recipes import assert_pod_recipe  # noqa: E402
 from torchtpu.titan import config_registry as reg  # noqa: E402
 
 VALIDATE = re.compile(r"validate step:\s*(\d+)\s+loss:\s*([-\d.e+]+)")
@@ -79,10 +80,7 @@ def test_flux_dev_is_a_pod_recipe():
     c, d = reg.flux_dev(), reg.flux_dev_dryrun()
     for x in (c, d):
         assert type(x).__module__ == "torchtpu.titan.flux", type(x)
-        assert x.training.mixed_precision_param == "bfloat16" and x.training.mixed_precision_reduce == "float32"
-        assert x.compile.enable and set(x.compile.components) == {"model", "loss"}
-        assert type(x.activation_checkpoint).__qualname__ == "FullAC.Config"
-        assert x.parallelism.data_parallel_shard_degree == -1
+        assert_pod_recipe(x)
     assert c.model_spec.flavor == "flux-dev" and d.model_spec.flavor == "flux-test"
     assert c.encoder.t5_encoder == "" and c.model_spec.model.t5_encoder.version == "google/t5-v1_1-xxl"
 

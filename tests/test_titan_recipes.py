@@ -61,17 +61,23 @@ def test_moe_recipe_active_parameters():
     assert 21.5e9 < active < 22.5e9, active
 
 
-@pytest.mark.parametrize("name", sorted(PUBLISHED))
-def test_recipe_is_a_pod_recipe(name):
-    """What a TPU pod slice runs, as documented in docs/titan.md "Recipes"."""
-    recipe, dryrun, _ = reg.RECIPES[name]
-    c = recipe()
+def assert_pod_recipe(c) -> None:
+    """bf16 parameters with f32 reduction, blocks and loss compiled, full AC, FSDP over every
+    chip tensor/expert parallelism leave."""
     assert c.training.mixed_precision_param == "bfloat16"
     assert c.training.mixed_precision_reduce == "float32"
     assert c.compile.enable and set(c.compile.components) == {"model", "loss"}
     assert type(c.activation_checkpoint).__qualname__ == "FullAC.Config"
     assert c.parallelism.data_parallel_shard_degree == -1
     assert c.parallelism.spmd_backend == "partial_dtensor"
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_recipe_is_a_pod_recipe(name):
+    """What a TPU pod slice runs, as documented in docs/titan.md "Recipes"."""
+    recipe, dryrun, _ = reg.RECIPES[name]
+    c = recipe()
+    assert_pod_recipe(c)
     assert type(c.model_spec.model.layers[0].attention.inner_attention).__qualname__ == "VarlenAttention.Config"
     # the dry run keeps the recipe (its precision, compile, AC) and shrinks only size and degrees
     d = dryrun()
