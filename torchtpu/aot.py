@@ -15,6 +15,10 @@ process's plugin (the XLA CPU plugin by default).
   answers "does this fit on the chip?" with per-program figures.
 * :func:`compile_text`: one StableHLO module, for a topology, with
   ``num_replicas`` chips (collectives across them).
+* :func:`lower` / :func:`graph_text`: a function's (or an ATen FX graph's)
+  program for a TPU from shapes alone (meta tensors: nothing is allocated or
+  run), so a step too large for this machine (one rank of a pod recipe:
+  ``torchtpu.titan.fit``) still gets the TPU compiler's memory figures.
 
 libtpu is an optional extra (``pip install 'torchtpu[tpu]'``); it is loaded
 from the installed ``libtpu`` package or ``TPU_LIBRARY_PATH``, never bundled.
@@ -27,8 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["HBM_BYTES", "MemoryReport", "check", "check_report", "compile_text", "describe", "hbm_bytes",
-           "libtpu_path", "memory"]
+__all__ = ["HBM_BYTES", "MemoryReport", "check", "check_report", "compile_text", "describe", "graph_text",
+           "hbm_bytes", "libtpu_path", "lower", "memory"]
 
 _TOPOLOGY = re.compile(r"^([a-zA-Z0-9_ ]+)[=_:]([0-9x]+)(_twisted|_untwisted)?$")
 
@@ -183,3 +187,53 @@ def memory(fn, *args, topology: str = "v5e:1x1", **kwargs):
         report.programs.append(r)
         report.max_temp_bytes = max(report.max_temp_bytes, r["temp_bytes"])
     return result, report
+
+
+def graph_text(gm: torch.fx.GraphModule) -> str:
+    """The StableHLO program of an ATen FX graph (torch.compile's lowering: the same
+    registry as eager ops), for a TPU, from its nodes' ``meta["val"]`` alone: never
+    run, so its inputs may be meta or fake tensors of any size. Each tensor input,
+    number and random key is a program argument; the results are the graph's outputs
+    (less those that are inputs) and then the inputs it writes. Raises
+    ``torchtpu.compile.lower.Unsupported`` naming what does not lower."""
+    from . import _C
+    from .compile.lower import Unsupported, _et, _Lowerer
+
+    program = _Lowerer(gm).run()
+    if program["constants"] or program["cpu_updates"] or program["pad_inputs"]:
+        raise Unsupported("torchtpu.aot.graph_text: graphs with constants, CPU inputs written in place or "
+                          "padded offsets are not supported")
+    specs = []
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            specs.append((_et(v.dtype), list(v.shape)))
+        elif isinstance(v, bool):
+            specs.append((_et(torch.bool),))
+        elif isinstance(v, int):
+            specs.append((_et(torch.int64),))
+        elif isinstance(v, float):
+            specs.append((_et(torch.float32),))
+        else:
+            specs.append(None)
+    graph = _C._build_graph("aot", *program["build"])
+    return _C._graph_text(graph, specs, True)
+
+
+def lower(fn, *args, **kwargs) -> str:
+    """``fn(*args, **kwargs)`` traced into one functional ATen graph (torch.compile's
+    decompositions) and lowered for a TPU by :func:`graph_text`. The tensors in args
+    may be on the meta device (nothing is allocated or run); a function that calls
+    ``torch.autograd.grad`` gives one program with its forward and backward."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from .compile.lower import _decomposition_table
+
+    # traced as called (autograd.grad sees inputs that require grad), then functionalized
+    gm = make_fx(lambda *a: fn(*a, **kwargs), decomposition_table=_decomposition_table())(*args)
+    plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+    gm = make_fx(torch.func.functionalize(gm, remove="mutations_and_views"),
+                 decomposition_table=_decomposition_table())(*plain)
+    return graph_text(gm)

@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include <atomic>
+#include <functional>
 
 #include "ops/registry.h"
 #include "executor.h"
@@ -349,6 +350,51 @@ std::vector<at::Tensor> Replay(Graph& g, const Plan& p, const std::vector<py::ob
   return results;
 }
 
+
+// Replays the graph's nodes through their lowerings into b: vals/have hold
+// the inputs on entry and every node's results on return. A Scalar argument
+// and a random op's key come from the caller (program arguments).
+void LowerNodes(const Graph& g, hlo::Builder& b, std::vector<Value>& vals, std::vector<bool>& have,
+                const std::function<Value(const c10::Scalar&, ET)>& scalar,
+                const std::function<Value(int64_t)>& rng_key) {
+  for (const GNode& n : g.nodes) {
+    ops::LowerCtx c{b, n.op, {}, n.names, n.outs, {}};
+    for (const GArg& ga : n.args) {
+      ops::Arg a = ga.proto;
+      if (a.kind == ops::Arg::Tensor) {
+        TORCH_CHECK(have[ga.tensor], "torchtpu.compile: value ", ga.tensor, " used before definition in ", n.op);
+        a.v = vals[ga.tensor];
+      } else if (a.kind == ops::Arg::TensorList) {
+        for (int id : ga.list) a.vs.push_back(vals[id]);
+      } else if (a.kind == ops::Arg::OptTensorList) {
+        for (int id : ga.list) {
+          if (id < 0) a.ovs.push_back(std::nullopt);
+          else a.ovs.push_back(vals[id]);
+        }
+      } else if (ga.scalar) {
+        ET et = a.scalar_is_bool ? ET::PRED : a.scalar_is_int ? ET::S64 : ET::F32;
+        if (!n.outs.empty() && n.outs[0].et == ET::F64 && a.scalar_is_float) et = ET::F64;
+        a.v = scalar(ga.scalar_value, et);
+      }
+      c.args.push_back(std::move(a));
+    }
+    if (n.lw->random) {
+      int64_t numel = 1;
+      for (auto& t : n.outs) numel = std::max<int64_t>(numel, t.numel());
+      c.rng_key = [&rng_key, numel] { return rng_key(numel); };
+    }
+    std::vector<Value> outs = n.lw->fn(c);
+    TORCH_CHECK(outs.size() >= n.out_ids.size(), "torchtpu.compile: lowering of ", n.op, " returned ", outs.size(),
+                " values, the graph uses ", n.out_ids.size());
+    for (size_t k = 0; k < n.out_ids.size(); ++k) {
+      int id = n.out_ids[k];
+      if (id < 0) continue;
+      vals[id] = ops::Cast(b, outs[k], n.outs[k].et);
+      have[id] = true;
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<at::Tensor> RunGraph(Graph& g, const std::vector<py::object>& inputs) {
@@ -385,42 +431,9 @@ std::vector<at::Tensor> RunGraph(Graph& g, const std::vector<py::object>& inputs
       have[id] = true;
     }
     r.FollowMatmulPrecision();
-    for (const GNode& n : g.nodes) {
-      ops::LowerCtx c{r.b(), n.op, {}, n.names, n.outs, {}};
-      for (const GArg& ga : n.args) {
-        ops::Arg a = ga.proto;
-        if (a.kind == ops::Arg::Tensor) {
-          TORCH_CHECK(have[ga.tensor], "torchtpu.compile: value ", ga.tensor, " used before definition in ", n.op);
-          a.v = vals[ga.tensor];
-        } else if (a.kind == ops::Arg::TensorList) {
-          for (int id : ga.list) a.vs.push_back(vals[id]);
-        } else if (a.kind == ops::Arg::OptTensorList) {
-          for (int id : ga.list) {
-            if (id < 0) a.ovs.push_back(std::nullopt);
-            else a.ovs.push_back(vals[id]);
-          }
-        } else if (ga.scalar) {
-          ET et = a.scalar_is_bool ? ET::PRED : a.scalar_is_int ? ET::S64 : ET::F32;
-          if (!n.outs.empty() && n.outs[0].et == ET::F64 && a.scalar_is_float) et = ET::F64;
-          a.v = r.Scalar(ga.scalar_value, et);
-        }
-        c.args.push_back(std::move(a));
-      }
-      if (n.lw->random) {
-        int64_t numel = 1;
-        for (auto& t : n.outs) numel = std::max<int64_t>(numel, t.numel());
-        c.rng_key = [&r, numel] { return r.RngKey(c10::nullopt, numel); };
-      }
-      std::vector<Value> outs = n.lw->fn(c);
-      TORCH_CHECK(outs.size() >= n.out_ids.size(), "torchtpu.compile: lowering of ", n.op, " returned ",
-                  outs.size(), " values, the graph uses ", n.out_ids.size());
-      for (size_t k = 0; k < n.out_ids.size(); ++k) {
-        int id = n.out_ids[k];
-        if (id < 0) continue;
-        vals[id] = ops::Cast(r.b(), outs[k], n.outs[k].et);
-        have[id] = true;
-      }
-    }
+    LowerNodes(
+        g, r.b(), vals, have, [&r](const c10::Scalar& s, ET et) { return r.Scalar(s, et); },
+        [&r](int64_t numel) { return r.RngKey(c10::nullopt, numel); });
     for (auto& m : g.mutations) {
       TORCH_CHECK(in_tensors[m.first].defined(), "torchtpu.compile: mutated input is not a tensor");
       r.Write(in_tensors[m.first], vals[m.second]);
@@ -454,6 +467,43 @@ std::vector<at::Tensor> RunGraph(Graph& g, const std::vector<py::object>& inputs
   return results;
 }
 
+// The graph's program for inputs of the given types, lowered and never run
+// (torchtpu.aot.graph_text: a TPU memory report for shapes no device holds).
+// inputs[i]: None (not a tensor), (dtype code, sizes) for a tensor, or (dtype
+// code,) for a number. Each tensor input, Scalar and random key is a program
+// argument; results are the graph's new outputs then the mutated inputs.
+std::string GraphText(const Graph& g, const py::list& inputs, bool tpu_target) {
+  TORCH_CHECK(inputs.size() == g.input_ids.size(), "torchtpu.aot.graph_text: graph takes ", g.input_ids.size(),
+              " inputs, got ", inputs.size());
+  hlo::Builder b;
+  using P = hlo::Builder::F32Precision;
+  char k = Region::MatmulPrecisionKey();
+  b.set_f32_precision(k == 'h' ? P::kHighest : k == 'H' ? P::kHigh : P::kDefault);
+  b.set_tpu_target(tpu_target);
+  std::vector<Value> vals(g.num_values);
+  std::vector<bool> have(g.num_values, false);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    int id = g.input_ids[i];
+    if (id < 0 || inputs[i].is_none()) continue;
+    py::tuple t = inputs[i].cast<py::tuple>();
+    ET et = EtFromCode(t[0].cast<int64_t>());
+    vals[id] = b.Arg(Type(et, t.size() > 1 ? t[1].cast<std::vector<int64_t>>() : std::vector<int64_t>{}));
+    have[id] = true;
+  }
+  LowerNodes(
+      g, b, vals, have, [&b](const c10::Scalar&, ET et) { return b.Arg(Type(et, {})); },
+      [&b](int64_t) { return b.Arg(Type(ET::U64, {2})); });
+  std::vector<Value> results;
+  for (size_t k2 = 0; k2 < g.outputs.size(); ++k2) {
+    int id = g.outputs[k2];
+    if (id < 0 || std::find(g.input_ids.begin(), g.input_ids.end(), id) != g.input_ids.end()) continue;
+    TORCH_CHECK(have[id], "torchtpu.aot.graph_text: output value ", id, " was never computed");
+    results.push_back(ops::Cast(b, vals[id], g.out_meta[k2].et));
+  }
+  for (auto& m : g.mutations) results.push_back(vals[m.second]);
+  return b.Finish(results);
+}
+
 void BindGraph(py::module& m) {
   py::class_<Graph, std::shared_ptr<Graph>>(m, "_Graph")
       .def_readonly("name", &Graph::name)
@@ -462,6 +512,7 @@ void BindGraph(py::module& m) {
   py::register_exception<ops::LowerError>(m, "_LowerError", PyExc_RuntimeError);
   m.def("_build_graph", &BuildGraph);
   m.def("_run_graph", &RunGraph);
+  m.def("_graph_text", &GraphText);
   m.def("_graph_counts", [] { return std::make_pair(g_lowerings.load(), g_replays.load()); });
   m.def("_et_name", [](int64_t code) { return std::string(hlo::ETName((ET)code)); });
   m.def("_has_lowering", [](const std::string& op) { return ops::Find(op) != nullptr; });
