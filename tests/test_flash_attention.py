@@ -1,11 +1,19 @@
 """aten::_flash_attention_forward / _flash_attention_backward on tpu (ops/attention.cpp).
 
+Small inputs take the dense form; above 2^26 scores the tiled form (flash attention's loops):
+every check here also runs with TORCHTPU_FLASH_TILE=3 (the tiled form at every size, 3-token
+tiles: documents straddle tiles, windows skip tiles), and one size crosses the threshold.
+
 The varlen form (packed documents, cumulative sequence lengths: what
 torch.nn.attention.varlen.varlen_attn and torchtitan's "varlen" backend call)
 and the padded 4-D form, checked against per-document softmax attention
 computed with plain torch ops in float64 on CPU, forward and backward.
 """
 import math
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -164,3 +172,45 @@ def test_unsupported_arguments_raise():
     cu = torch.tensor([0, 4], dtype=torch.int32, device=DEV)
     with pytest.raises(Exception, match="dropout"):
         FA(q, q, q, cu, cu, 4, 4, 0.1, True, False)
+
+
+@pytest.mark.skipif(os.environ.get("TORCHTPU_FLASH_TILE") is not None, reason="this run is the tiled one")
+@pytest.mark.parametrize("tile", [3])
+def test_every_check_in_the_tiled_form(tile):
+    """This file again with the tiled form at every size (tiles of 3 or 8 tokens)."""
+    env = dict(os.environ, TORCHTPU_FLASH_TILE=str(tile))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", __file__],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert " passed" in r.stdout and " failed" not in r.stdout
+
+
+def test_long_packed_batch_takes_the_tiled_form(tmp_path, monkeypatch):
+    """2 heads x 6000 packed tokens (72M scores, above the dense limit): the program loops
+    (stablehlo.while) and holds no [Tq, Tk] tensor; results equal per-document attention."""
+    if os.environ.get("TORCHTPU_FLASH_TILE") is None:
+        monkeypatch.setenv("TORCHTPU_DUMP_DIR", str(tmp_path))
+    lens = [2500, 1700, 1800]
+    cu = torch.tensor([0, 2500, 4200, 6000], dtype=torch.int32)
+    g = torch.Generator().manual_seed(11)
+    q, k, v, go = (torch.randn(6000, 2, 16, generator=g) for _ in range(4))
+    qd, kd, vd = leaves(q, k, v, device=DEV)
+    o, lse, *_ = FA(qd, kd, vd, cu.to(DEV), cu.to(DEV), max(lens), max(lens), 0.0, True, False)
+    (o * go.to(DEV)).sum().backward()
+    qc, kc, vc = leaves(q, k, v, device="cpu")
+    outs = []
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):  # per document, CPU SDPA (float32)
+        outs.append(torch.nn.functional.scaled_dot_product_attention(
+            qc[s:e].transpose(0, 1), kc[s:e].transpose(0, 1), vc[s:e].transpose(0, 1), is_causal=True).transpose(0, 1))
+    ro = torch.cat(outs)
+    (ro * go).sum().backward()
+    torch.testing.assert_close(o.cpu(), ro.detach(), atol=1e-4, rtol=1e-4)
+    for name, a, b in (("dq", qd, qc), ("dk", kd, kc), ("dv", vd, vc)):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, atol=1e-4, rtol=1e-4, msg=name)
+    if os.environ.get("TORCHTPU_FLASH_TILE") is None:
+        texts = [p.read_text() for p in tmp_path.iterdir()]
+        attn = [t for t in texts if "stablehlo.while" in t]
+        assert len(attn) >= 2  # forward and backward
+        for t in texts:  # no tensor with both a query and a key axis
+            for dims in re.findall(r"tensor<((?:\d+x)+)", t):
+                assert sum(int(x) >= 6000 for x in dims.rstrip("x").split("x")) < 2, dims

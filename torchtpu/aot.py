@@ -232,7 +232,11 @@ def lower(fn, *args, **kwargs) -> str:
     from .compile.lower import _decomposition_table
 
     # traced as called (autograd.grad sees inputs that require grad), then functionalized
-    gm = make_fx(lambda *a: fn(*a, **kwargs), decomposition_table=_decomposition_table())(*args)
+    def tupled(*a):
+        out = fn(*a, **kwargs)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+    gm = make_fx(tupled, decomposition_table=_decomposition_table())(*args)
     plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
     gm = make_fx(torch.func.functionalize(gm, remove="mutations_and_views"),
                  decomposition_table=_decomposition_table())(*plain)

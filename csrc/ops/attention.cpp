@@ -6,9 +6,12 @@
 // torch.nn.attention.varlen (torchtitan's "varlen" backend) and SDPA's flash
 // path call: computed densely with a mask built from the cumulative sequence
 // lengths (block-diagonal over packed documents), so cost is O(T^2) in the
-// packed token count T.
+// packed token count T; above kDenseMaxScores scores (a training sequence of
+// thousands of tokens) the tiled form below: flash attention's loops, memory
+// of one tile pair, work only on the tile pairs that share a document.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "registry.h"
@@ -65,7 +68,7 @@ Value DotG(Builder& b, Value l, Value r, const Dims& lb, const Dims& rb, const D
 // document, e.g. tokens past cu[-1]), position inside it, the document's own
 // length and the length of the same document on the other side (k for q).
 struct Docs {
-  Value doc, rel, len, other_len;
+  Value doc, rel, len, other_len, other_start;  // other_start: the document's first token on the other side
 };
 
 // cu: [B+1] cumulative offsets (any int type). other: the other side's cu.
@@ -91,6 +94,7 @@ Docs VarlenDocs(Builder& b, Value cu, Value other, int64_t T) {
   d.rel = b.Sub(pos, pick(cu));
   d.len = pick(lens(cu));
   d.other_len = pick(lens(other));
+  d.other_start = pick(other);
   return d;
 }
 
@@ -104,6 +108,7 @@ Docs PaddedDocs(Builder& b, int64_t B, int64_t L, int64_t other_L) {
   d.rel = b.Binary("remainder", pos, Ls);
   d.len = Ls;
   d.other_len = b.Splat(Type(ET::S64, {T}), (double)other_L);
+  d.other_start = b.Mul(d.doc, b.Splat(Type(ET::S64, {T}), (double)other_L));
   return d;
 }
 
@@ -195,6 +200,271 @@ std::pair<Docs, Docs> FlashDocs(LowerCtx& c, size_t cq_i, size_t ck_i, const Fla
   return {VarlenDocs(c.b, cq, ck, G.Tq), VarlenDocs(c.b, ck, cq, G.Tk)};
 }
 
+
+// ---- the tiled form: flash attention's loops in stablehlo.while ----
+//
+// Above kDenseMaxScores scores (Hq x Tq x Tk) the dense form's [Hk, Tq, g, Tk] tensors are
+// gigabytes (a packed batch of 8 x 8192 tokens: 137 GB of f32 scores per 8 heads); the
+// tiled form holds one Bq x Bk tile pair per head at a time. Each query tile visits only the
+// key tiles its rows' documents (and causal / sliding windows) reach, found in the program
+// from the documents' offsets, so packed documents cost what their own lengths do.
+// Forward: online softmax over the key tiles (as the ragged paged attention below).
+// Backward: an outer loop over key tiles accumulating dK and dV, an inner loop over the
+// query tiles that see them, adding each tile's dQ into the full dQ carried by the loops.
+// TORCHTPU_FLASH_TILE=n: the tiled form at every size, with n-token tiles (tests).
+
+constexpr int64_t kDenseMaxScores = int64_t(1) << 26;
+
+int64_t FlashTileEnv() {
+  static const int64_t t = [] {
+    const char* e = std::getenv("TORCHTPU_FLASH_TILE");
+    return e && *e ? std::max<int64_t>(1, std::atoll(e)) : int64_t(0);
+  }();
+  return t;
+}
+
+bool UseTiled(const FlashGeom& G) {
+  return FlashTileEnv() > 0 || (double)G.Hq * (double)G.Tq * (double)G.Tk > (double)kDenseMaxScores;
+}
+
+int64_t TileFor(int64_t T) {
+  int64_t t = FlashTileEnv() > 0 ? FlashTileEnv() : 512;
+  return std::max<int64_t>(1, std::min(t, T));
+}
+
+// Per token, the half-open range [lo, hi) of tokens on the other side it pairs with (its
+// document, narrowed by the window); invalid tokens get [big, 0). q_side: the tokens are
+// queries (windows bound the keys a query sees) or keys (the queries that see a key).
+std::pair<Value, Value> OtherRange(Builder& b, const Docs& d, int64_t n_docs, int64_t T, int64_t wl, int64_t wr,
+                                   bool q_side, int64_t big) {
+  const Type t(ET::S64, {T});
+  auto C = [&](double v) { return b.Splat(t, v); };
+  Value valid = b.Compare(d.doc, C((double)n_docs), "LT");
+  Value lo = b.Zeros(t), hi = d.other_len;
+  if (q_side) {
+    Value qpos = b.Add(d.rel, b.Sub(d.other_len, d.len));  // aligned bottom-right
+    if (wl >= 0) lo = b.Max(lo, b.Sub(qpos, C((double)wl)));
+    if (wr >= 0) hi = b.Min(hi, b.Add(qpos, C((double)wr + 1)));
+  } else {
+    Value shift = b.Sub(d.other_len, d.len);  // q_rel = q_pos + shift
+    if (wr >= 0) lo = b.Max(lo, b.Add(b.Sub(d.rel, C((double)wr)), shift));
+    if (wl >= 0) hi = b.Min(hi, b.Add(b.Add(d.rel, C((double)wl + 1)), shift));
+  }
+  hi = b.Max(hi, lo);
+  lo = b.Add(lo, d.other_start);
+  hi = b.Add(hi, d.other_start);
+  return {b.Select(valid, lo, C((double)big)), b.Select(valid, hi, b.Zeros(t))};
+}
+
+// The tiles [first, end) of size B that tokens [min lo, max hi) of a tile touch.
+std::pair<Value, Value> TileRange(Builder& b, Value lo, Value hi, int64_t B, int64_t n_tiles) {
+  const Type s(ET::S64, {});
+  Value mn = b.Reduce(lo, b.Splat(s, (double)(n_tiles * B)), {0}, "minimum");
+  Value mx = b.Reduce(hi, b.Zeros(s), {0}, "maximum");
+  Value first = b.Div(mn, b.Splat(s, (double)B));
+  Value end = b.Div(b.Add(mx, b.Splat(s, (double)(B - 1))), b.Splat(s, (double)B));
+  return {b.Min(first, end), end};
+}
+
+Value PadRows(Builder& b, Value v, int64_t to, double fill) {
+  int64_t n = v.dims()[0];
+  if (n == to) return v;
+  Dims lo(v.rank(), 0), hi(v.rank(), 0), in(v.rank(), 0);
+  hi[0] = to - n;
+  return b.Pad(v, b.Splat(Type(v.et(), {}), fill), lo, hi, in);
+}
+
+Value Rows(Builder& b, Value v, Value start, int64_t n) {
+  Dims sizes = v.dims();
+  sizes[0] = n;
+  std::vector<Value> starts{start};
+  for (int64_t d = 1; d < v.rank(); ++d) starts.push_back(b.Zeros(Type(ET::S64, {})));
+  return b.DynamicSlice(v, starts, sizes);
+}
+
+Value PutRows(Builder& b, Value v, Value upd, Value start) {
+  std::vector<Value> starts{start};
+  for (int64_t d = 1; d < v.rank(); ++d) starts.push_back(b.Zeros(Type(ET::S64, {})));
+  return b.DynamicUpdateSlice(v, upd, starts);
+}
+
+// Everything per token the tile loops read, padded to whole tiles.
+struct TiledSide {
+  int64_t T, Tp, B, n_tiles;
+  Value doc, rel, lo, hi;  // [Tp]; lo/hi: range on the other side
+  Value qpos;              // queries only: position aligned bottom-right
+};
+
+TiledSide MakeSide(Builder& b, const Docs& d, int64_t n_docs, int64_t T, int64_t wl, int64_t wr, bool q_side,
+                   int64_t other_Tp) {
+  TiledSide s;
+  s.T = T;
+  s.B = TileFor(T);
+  s.n_tiles = (T + s.B - 1) / s.B;
+  s.Tp = s.n_tiles * s.B;
+  auto [lo, hi] = OtherRange(b, d, n_docs, T, wl, wr, q_side, other_Tp);
+  // padding tokens: no document (queries: n_docs, keys: n_docs + 1, never equal)
+  s.doc = PadRows(b, d.doc, s.Tp, (double)(n_docs + (q_side ? 0 : 1)));
+  s.rel = PadRows(b, d.rel, s.Tp, 0);
+  s.lo = PadRows(b, lo, s.Tp, (double)other_Tp);
+  s.hi = PadRows(b, hi, s.Tp, 0);
+  if (q_side) s.qpos = PadRows(b, b.Add(d.rel, b.Sub(d.other_len, d.len)), s.Tp, 0);
+  return s;
+}
+
+// mask [Hk, Bq, g, Bk] of a tile pair (same document, inside the window).
+Value TileMask(Builder& b, Value qdoc, Value qpos, Value kdoc, Value krel, int64_t n_docs, int64_t wl, int64_t wr,
+               const Dims& sdims) {
+  const int64_t Bq = qdoc.dims()[0], Bk = kdoc.dims()[0];
+  Dims sh{Bq, Bk};
+  auto Q = [&](Value v) { return b.Broadcast(v, sh, {0}); };
+  auto K = [&](Value v) { return b.Broadcast(v, sh, {1}); };
+  Value m = b.Compare(Q(qdoc), K(kdoc), "EQ");
+  m = b.Binary("and", m, b.Compare(Q(qdoc), b.Splat(Type(ET::S64, sh), (double)n_docs), "LT"));
+  if (wl >= 0 || wr >= 0) {
+    Value diff = b.Sub(K(krel), Q(qpos));
+    if (wr >= 0) m = b.Binary("and", m, b.Compare(diff, b.Splat(Type(ET::S64, sh), (double)wr), "LE"));
+    if (wl >= 0) m = b.Binary("and", m, b.Compare(diff, b.Splat(Type(ET::S64, sh), (double)-wl), "GE"));
+  }
+  return b.Broadcast(m, sdims, {1, 3});
+}
+
+// q [Tq, Hq, D], k [Tk, Hk, D], v [Tk, Hk, Dv] (f32, flat) -> o [Tq, Hq, Dv], lse [Hq, Tq].
+std::pair<Value, Value> TiledForward(Builder& b, const FlashGeom& G, const Docs& dq, const Docs& dk, int64_t n_docs,
+                                     int64_t wl, int64_t wr, Value q, Value k, Value v) {
+  const int64_t Hk = G.Hk, g = G.g, D = G.D, Dv = G.Dv;
+  const int64_t Bk0 = TileFor(G.Tk), Tkp = (G.Tk + Bk0 - 1) / Bk0 * Bk0;
+  TiledSide Q = MakeSide(b, dq, n_docs, G.Tq, wl, wr, true, Tkp);
+  TiledSide K = MakeSide(b, dk, n_docs, G.Tk, wl, wr, false, Q.Tp);
+  const int64_t Bq = Q.B, Bk = K.B;
+  Value q4 = PadRows(b, b.Reshape(q, {G.Tq, Hk, g, D}), Q.Tp, 0);
+  Value kp = PadRows(b, k, K.Tp, 0), vp = PadRows(b, v, K.Tp, 0);
+  const Type s64(ET::S64, {});
+  auto I = [&](double x) { return b.Splat(s64, x); };
+  const double inf = std::numeric_limits<double>::infinity(), kNegBig = -1e30;
+  Type mt(ET::F32, {Hk, Bq, g}), at(ET::F32, {Hk, Bq, g, Dv});
+  Type ot(ET::F32, {Q.Tp, Hk, g, Dv}), lt(ET::F32, {Q.Tp, Hk, g});
+
+  hlo::Region cond, body;
+  cond.arg_types = {s64, ot, lt};
+  cond.body = [&](Builder& b, const std::vector<Value>& a) {
+    return std::vector<Value>{b.Compare(a[0], I((double)Q.n_tiles), "LT")};
+  };
+  body.arg_types = cond.arg_types;
+  body.body = [&](Builder& b, const std::vector<Value>& a) {
+    Value row = b.Mul(a[0], I((double)Bq));
+    Value qt = Rows(b, q4, row, Bq), qdoc = Rows(b, Q.doc, row, Bq), qpos = Rows(b, Q.qpos, row, Bq);
+    auto [first, end] = TileRange(b, Rows(b, Q.lo, row, Bq), Rows(b, Q.hi, row, Bq), Bk, K.n_tiles);
+    hlo::Region c2, b2;
+    c2.arg_types = {s64, mt, mt, at};
+    c2.body = [end = end](Builder& b, const std::vector<Value>& a) {
+      return std::vector<Value>{b.Compare(a[0], end, "LT")};
+    };
+    b2.arg_types = c2.arg_types;
+    b2.body = [&](Builder& b, const std::vector<Value>& a) {
+      Value col = b.Mul(a[0], I((double)Bk));
+      Value kt = Rows(b, kp, col, Bk), vt = Rows(b, vp, col, Bk);
+      Value s = DotG(b, qt, kt, {1}, {1}, {3}, {2}, ET::F32);  // [Hk, Bq, g, Bk]
+      s = b.Mul(s, b.Splat(s.type, G.scale));
+      Value m4 = TileMask(b, qdoc, qpos, Rows(b, K.doc, col, Bk), Rows(b, K.rel, col, Bk), n_docs, wl, wr, s.dims());
+      s = b.Select(m4, s, b.Splat(s.type, -inf));
+      Value mn = b.Max(a[1], b.Reduce(s, b.Splat(Type(ET::F32, {}), kNegBig), {3}, "maximum"));
+      Value p = b.Unary("exponential", b.Sub(s, b.Broadcast(mn, s.dims(), {0, 1, 2})));
+      Value alpha = b.Unary("exponential", b.Sub(a[1], mn));
+      Value ln = b.Add(b.Mul(a[2], alpha), b.Reduce(p, b.Zeros(Type(ET::F32, {})), {3}, "add"));
+      Value pv = DotG(b, p, vt, {0}, {1}, {3}, {0}, ET::F32);  // [Hk, Bq, g, Dv]
+      Value acc = b.Add(b.Mul(a[3], b.Broadcast(alpha, at.dims, {0, 1, 2})), pv);
+      return std::vector<Value>{b.Add(a[0], I(1)), mn, ln, acc};
+    };
+    std::vector<Value> r = b.Op("stablehlo.while", {first, b.Splat(mt, kNegBig), b.Zeros(mt), b.Zeros(at)},
+                                {s64, mt, mt, at}, "", {c2, b2});
+    Value m = r[1], l = r[2], acc = r[3];
+    Value any = b.Compare(l, b.Zeros(mt), "GT");
+    Value safe = b.Select(any, l, b.Splat(mt, 1.0));
+    Value o = b.Select(b.Broadcast(any, at.dims, {0, 1, 2}), b.Div(acc, b.Broadcast(safe, at.dims, {0, 1, 2})),
+                       b.Zeros(at));
+    // rows with no key: output 0, logsumexp +inf (as flash attention's kernels)
+    Value lse = b.Select(any, b.Add(m, b.Unary("log", safe)), b.Splat(mt, inf));
+    return std::vector<Value>{b.Add(a[0], I(1)), PutRows(b, a[1], b.Transpose(o, {1, 0, 2, 3}), row),
+                              PutRows(b, a[2], b.Transpose(lse, {1, 0, 2}), row)};
+  };
+  std::vector<Value> r = b.Op("stablehlo.while", {I(0), b.Zeros(ot), b.Zeros(lt)}, {s64, ot, lt}, "", {cond, body});
+  Value o = b.Reshape(b.SliceDim(r[1], 0, 0, G.Tq), {G.Tq, G.Hq, Dv});
+  Value lse = b.Reshape(b.Transpose(b.SliceDim(r[2], 0, 0, G.Tq), {1, 2, 0}), {G.Hq, G.Tq});
+  return {o, lse};
+}
+
+// go/out [Tq, Hq, Dv], lse [Hq, Tq] (f32, flat) -> dq [Tq, Hq, D], dk [Tk, Hk, D], dv [Tk, Hk, Dv].
+std::vector<Value> TiledBackward(Builder& b, const FlashGeom& G, const Docs& dq, const Docs& dk, int64_t n_docs,
+                                 int64_t wl, int64_t wr, Value q, Value k, Value v, Value go, Value out, Value lse) {
+  const int64_t Hk = G.Hk, g = G.g, D = G.D, Dv = G.Dv;
+  const int64_t Bk0 = TileFor(G.Tk), Tkp = (G.Tk + Bk0 - 1) / Bk0 * Bk0;
+  const int64_t Bq0 = TileFor(G.Tq), Tqp = (G.Tq + Bq0 - 1) / Bq0 * Bq0;
+  TiledSide Q = MakeSide(b, dq, n_docs, G.Tq, wl, wr, true, Tkp);
+  TiledSide K = MakeSide(b, dk, n_docs, G.Tk, wl, wr, false, Tqp);
+  const int64_t Bq = Q.B, Bk = K.B;
+  const double inf = std::numeric_limits<double>::infinity();
+  Value q4 = PadRows(b, b.Reshape(q, {G.Tq, Hk, g, D}), Q.Tp, 0);
+  Value go4 = PadRows(b, b.Reshape(go, {G.Tq, Hk, g, Dv}), Q.Tp, 0);
+  Value dsum = b.Reduce(b.Mul(go, out), b.Zeros(Type(ET::F32, {})), {2}, "add");  // [Tq, Hq]
+  dsum = PadRows(b, b.Reshape(dsum, {G.Tq, Hk, g}), Q.Tp, 0);
+  Value lse3 = PadRows(b, b.Transpose(b.Reshape(lse, {Hk, g, G.Tq}), {2, 0, 1}), Q.Tp, inf);  // [Tqp, Hk, g]
+  Value kp = PadRows(b, k, K.Tp, 0), vp = PadRows(b, v, K.Tp, 0);
+  const Type s64(ET::S64, {});
+  auto I = [&](double x) { return b.Splat(s64, x); };
+  Type dqt(ET::F32, {Q.Tp, Hk, g, D}), dkt(ET::F32, {K.Tp, Hk, D}), dvt(ET::F32, {K.Tp, Hk, Dv});
+  Type kat(ET::F32, {Hk, Bk, D}), vat(ET::F32, {Hk, Bk, Dv});
+
+  hlo::Region cond, body;
+  cond.arg_types = {s64, dqt, dkt, dvt};
+  cond.body = [&](Builder& b, const std::vector<Value>& a) {
+    return std::vector<Value>{b.Compare(a[0], I((double)K.n_tiles), "LT")};
+  };
+  body.arg_types = cond.arg_types;
+  body.body = [&](Builder& b, const std::vector<Value>& a) {
+    Value col = b.Mul(a[0], I((double)Bk));
+    Value kt = Rows(b, kp, col, Bk), vt = Rows(b, vp, col, Bk);
+    Value kdoc = Rows(b, K.doc, col, Bk), krel = Rows(b, K.rel, col, Bk);
+    auto [first, end] = TileRange(b, Rows(b, K.lo, col, Bk), Rows(b, K.hi, col, Bk), Bq, Q.n_tiles);
+    hlo::Region c2, b2;
+    c2.arg_types = {s64, dqt, kat, vat};
+    c2.body = [end = end](Builder& b, const std::vector<Value>& a) {
+      return std::vector<Value>{b.Compare(a[0], end, "LT")};
+    };
+    b2.arg_types = c2.arg_types;
+    b2.body = [&](Builder& b, const std::vector<Value>& a) {
+      Value row = b.Mul(a[0], I((double)Bq));
+      Value qt = Rows(b, q4, row, Bq), got = Rows(b, go4, row, Bq);
+      Value lt = b.Transpose(Rows(b, lse3, row, Bq), {1, 0, 2});  // [Hk, Bq, g]
+      Value dst = b.Transpose(Rows(b, dsum, row, Bq), {1, 0, 2});
+      Value s = DotG(b, qt, kt, {1}, {1}, {3}, {2}, ET::F32);  // [Hk, Bq, g, Bk]
+      s = b.Mul(s, b.Splat(s.type, G.scale));
+      Value m4 = TileMask(b, Rows(b, Q.doc, row, Bq), Rows(b, Q.qpos, row, Bq), kdoc, krel, n_docs, wl, wr,
+                          s.dims());
+      Value ok = b.Compare(lt, b.Splat(lt.type, inf), "NE");
+      Value lsafe = b.Select(ok, lt, b.Zeros(lt.type));
+      Value p = b.Unary("exponential", b.Sub(s, b.Broadcast(lsafe, s.dims(), {0, 1, 2})));
+      p = b.Select(b.Binary("and", m4, b.Broadcast(ok, s.dims(), {0, 1, 2})), p, b.Zeros(p.type));
+      Value dv = DotG(b, p, got, {0}, {1}, {1, 2}, {0, 2}, ET::F32);  // [Hk, Bk, Dv]
+      Value dp = DotG(b, got, vt, {1}, {1}, {3}, {2}, ET::F32);       // [Hk, Bq, g, Bk]
+      Value ds = b.Mul(p, b.Sub(dp, b.Broadcast(dst, dp.dims(), {0, 1, 2})));
+      ds = b.Mul(ds, b.Splat(ds.type, G.scale));
+      Value dkt2 = DotG(b, ds, qt, {0}, {1}, {1, 2}, {0, 2}, ET::F32);  // [Hk, Bk, D]
+      Value dqt2 = b.Transpose(DotG(b, ds, kt, {0}, {1}, {3}, {0}, ET::F32), {1, 0, 2, 3});  // [Bq, Hk, g, D]
+      Value dq_all = PutRows(b, a[1], b.Add(Rows(b, a[1], row, Bq), dqt2), row);
+      return std::vector<Value>{b.Add(a[0], I(1)), dq_all, b.Add(a[2], dkt2), b.Add(a[3], dv)};
+    };
+    std::vector<Value> r = b.Op("stablehlo.while", {first, a[1], b.Zeros(kat), b.Zeros(vat)},
+                                {s64, dqt, kat, vat}, "", {c2, b2});
+    return std::vector<Value>{b.Add(a[0], I(1)), r[1], PutRows(b, a[2], b.Transpose(r[2], {1, 0, 2}), col),
+                              PutRows(b, a[3], b.Transpose(r[3], {1, 0, 2}), col)};
+  };
+  std::vector<Value> r = b.Op("stablehlo.while", {I(0), b.Zeros(dqt), b.Zeros(dkt), b.Zeros(dvt)},
+                              {s64, dqt, dkt, dvt}, "", {cond, body});
+  return {b.Reshape(b.SliceDim(r[1], 0, 0, G.Tq), {G.Tq, G.Hq, D}), b.SliceDim(r[2], 0, 0, G.Tk),
+          b.SliceDim(r[3], 0, 0, G.Tk)};
+}
+
 // _flash_attention_forward(q, k, v, cum_seq_q?, cum_seq_k?, max_q, max_k, dropout_p, is_causal,
 //   return_debug_mask, *, scale?, window_size_left?, window_size_right?, seqused_k?, alibi_slopes?,
 //   block_table?, num_splits?) -> (output, softmax_logsumexp, rng_state, unused, debug_attn_mask)
@@ -210,6 +480,14 @@ std::vector<Value> FlashForward(LowerCtx& c) {
   FlashWindow(c, 8, 11, 12, wl, wr);
   auto [dq, dk] = FlashDocs(c, 3, 4, G, n_docs);
   Value q = Flat(b, q0, G), k = Flat(b, k0, G), v = Flat(b, v0, G);
+  if (UseTiled(G)) {
+    auto [o, lse2] = TiledForward(b, G, dq, dk, n_docs, wl, wr, q, k, v);
+    if (G.padded) {
+      o = b.Reshape(o, {G.B, G.Lq, G.Hq, G.Dv});
+      lse2 = b.Transpose(b.Reshape(lse2, {G.Hq, G.B, G.Lq}), {1, 0, 2});  // [B, Hq, Lq]
+    }
+    return {Cast(b, o, c.out(0).et), Cast(b, lse2, c.out(1).et), b.Zeros(c.out(2)), b.Zeros(c.out(3)), Value{}};
+  }
   Value mask = FlashMask(b, dq, dk, n_docs, G.Tq, G.Tk, wl, wr);
   auto [s, m4] = FlashScores(b, q, k, mask, G);
   const double inf = std::numeric_limits<double>::infinity();
@@ -255,6 +533,15 @@ std::vector<Value> FlashBackward(LowerCtx& c) {
   Value go = Flat(b, c.t(0), G), out = Flat(b, c.t(4), G);
   Value lse = Cast(b, c.t(5), ET::F32);
   if (G.padded) lse = b.Reshape(b.Transpose(lse, {1, 0, 2}), {G.Hq, G.Tq});  // [B,H,L] -> [H, B*L]
+  if (UseTiled(G)) {
+    std::vector<Value> d = TiledBackward(b, G, dq_, dk_, n_docs, wl, wr, q, k, v, go, out, lse);
+    if (G.padded) {
+      d[0] = b.Reshape(d[0], {G.B, G.Lq, G.Hq, G.D});
+      d[1] = b.Reshape(d[1], {G.B, G.Lk, G.Hk, G.D});
+      d[2] = b.Reshape(d[2], {G.B, G.Lk, G.Hk, G.Dv});
+    }
+    return {Cast(b, d[0], c.out(0).et), Cast(b, d[1], c.out(1).et), Cast(b, d[2], c.out(2).et)};
+  }
   lse = b.Transpose(b.Reshape(lse, {G.Hk, G.g, G.Tq}), {0, 2, 1});        // [Hk, Tq, g]
   Value mask = FlashMask(b, dq_, dk_, n_docs, G.Tq, G.Tk, wl, wr);
   auto [s, m4] = FlashScores(b, q, k, mask, G);
