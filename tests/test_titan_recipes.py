@@ -100,3 +100,42 @@ def test_recipe_dry_run(assets, recipe):
                 log=log)
     assert all(loss == loss and abs(loss) < 20 for loss, _ in run.values()), run
     assert "running this graph eagerly" not in log[0], log[0][-6000:]
+
+
+def test_fit_report_compiles_one_rank_of_the_70b_recipe_for_a_tpu():
+    """torchtpu.titan.fit (issue 34): rank 0 of llama3_70b on 256 v5p chips (FSDP 32 x TP 8),
+    at sequence 4096 (the tiled flash attention in the block programs), local batch 1. Its
+    state is torchtitan's own sharding on a fake 256-rank world (1/256 of the parameters, to
+    the replicated norms); its block programs compile for the TPU."""
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("libtpu") is None and not os.environ.get("TPU_LIBRARY_PATH"):
+        pytest.skip("libtpu is not installed (the tpu extra)")
+    env = dict(os.environ, TPU_SKIP_MDS_QUERY="1", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    r = subprocess.run([sys.executable, "-m", "torchtpu.titan.fit", "llama3_70b", "--chips", "256", "--tpu", "v5p",
+                        "--seq-len", "4096", "--local-batch", "1", "--json"],
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    rep = json.loads(r.stdout.strip().splitlines()[-1])
+    total = _count(_titan_model(reg.RECIPES["llama3_70b"][0]()))
+    assert rep["parallelism"] == {"fsdp": 32, "tp": 8}
+    # each weight: 1/256 of it on rank 0; norms (replicated across TP): 1/32
+    assert total / 256 <= rep["params_local"] < total / 256 * 1.001
+    assert rep["param_bytes"] == rep["grad_bytes"] == 4 * rep["params_local"]
+    assert rep["optimizer_bytes"] == 2 * rep["param_bytes"]  # AdamW's two moments
+    # 80 layers' saved block inputs: 1 x 4096 / TP 8 tokens of 8192 bf16
+    assert rep["saved_activation_bytes"] == 80 * 1 * 512 * 8192 * 2
+    fwd, bwd = rep["programs"]
+    assert fwd["name"] == "block forward" and bwd["name"] == "block backward"
+    # the backward's arguments: the gathered block (TP-local bf16) and x, its gradient
+    block = rep["prefetch_bytes"]
+    assert bwd["argument_bytes"] >= block + 2 * 4096 * 8192 * 2
+    assert bwd["output_bytes"] >= block + 4096 * 8192 * 2
+    # tiled flash attention: 0.34 GiB of scratch (libtpu 0.0.51); one 4096-token tile
+    # (TORCHTPU_FLASH_TILE=4096, the dense form's footprint) needs 0.84 GiB
+    assert 0 < bwd["temp_bytes"] < 512 << 20
+    assert rep["fits"] and rep["peak_bytes"] < rep["hbm_bytes"] == 95 << 30

@@ -84,6 +84,37 @@ def test_memory_figures_follow_the_program():
     assert rb["argument_bytes"] == 2 * 1024 * 1024 * 4 and rb["output_bytes"] == 1024 * 1024 * 4
 
 
+def test_lower_from_shapes_alone_matches_the_program_that_runs():
+    """aot.lower traces meta tensors (nothing allocated) into the same program the device
+    runs: the TPU compiler's figures agree, and sizes no machine here holds compile too."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def step(w, x):
+        y = torch.nn.functional.gelu(x @ w).square().sum()
+        return torch.autograd.grad(y, (w, x))
+
+    meta = [torch.empty(s, device="meta", requires_grad=True) for s in ((256, 512), (64, 256))]
+    text = aot.lower(step, *meta)
+    r = aot.compile_text(text)
+    assert r["ok"], r["error"]
+    assert r["argument_bytes"] >= (256 * 512 + 64 * 256) * 4
+    grads = (256 * 512 + 64 * 256) * 4
+    assert grads <= r["output_bytes"] < grads + 4096  # the two gradients (and the result tuple)
+    # the same function on real device tensors, compiled: the same figures
+    real = [torch.randn(s, device="tpu", requires_grad=True) for s in ((256, 512), (64, 256))]
+    got = aot.lower(step, *real)
+    assert aot.compile_text(got)["output_bytes"] == r["output_bytes"]
+    assert got.count('"stablehlo.dot_general"') == text.count('"stablehlo.dot_general"') >= 3
+    # 64 GiB of f32 parameters on "tpu": fake tensors, never allocated
+    with FakeTensorMode():
+        huge = [torch.empty(s, device="tpu", requires_grad=True) for s in ((131072, 131072), (8, 131072))]
+    big = aot.compile_text(aot.lower(step, *huge), "v5p:2x2x1")
+    # the weight and its gradient: 128 GiB, more than a v5p chip's 95 GiB HBM
+    assert not big["ok"] and "HBM" in big["error"], big
+    with pytest.raises(Exception, match="no lowering|Unsupported"):
+        aot.lower(lambda x: torch.ops.aten._local_scalar_dense(x.sum()), torch.empty(3, device="meta"))
+
+
 def test_complex128_fft_does_not_compile_for_tpu_and_the_plugin_says_why():
     # built for the CPU plugin (no TPU target): libtpu refuses it
     texts = _programs_of(lambda: torch.fft.fft(torch.randn(8, dtype=torch.complex128).to("tpu")))

@@ -19,7 +19,7 @@ BUILD_ARGS=()
 EXTRAS=test,tpu
 if [ "$TORCH" != "2.13.0" ]; then
   EXTRAS=test
-  [ "$TORCH" = "2.14.1" ] && EXTRAS=test,titan
+  [ "$TORCH" = "2.14.1" ] && EXTRAS=test,titan,tpu
   if [ -z "${PYTHON:-}" ]; then
     VENV=${TORCHTPU_TORCH_VENV:-$HOME/.cache/torchtpu/venv-torch$TORCH}
     [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"

@@ -225,8 +225,10 @@ def graph_text(gm: torch.fx.GraphModule) -> str:
 def lower(fn, *args, **kwargs) -> str:
     """``fn(*args, **kwargs)`` traced into one functional ATen graph (torch.compile's
     decompositions) and lowered for a TPU by :func:`graph_text`. The tensors in args
-    may be on the meta device (nothing is allocated or run); a function that calls
-    ``torch.autograd.grad`` gives one program with its forward and backward."""
+    may be meta tensors or fake "tpu" tensors (made under a ``FakeTensorMode``: code that
+    asks the device type, such as autocast, sees "tpu"); nothing is allocated or run. A
+    function that calls ``torch.autograd.grad`` gives one program with its forward and
+    backward."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from .compile.lower import _decomposition_table
@@ -236,8 +238,8 @@ def lower(fn, *args, **kwargs) -> str:
         out = fn(*a, **kwargs)
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
-    gm = make_fx(tupled, decomposition_table=_decomposition_table())(*args)
+    gm = make_fx(tupled, decomposition_table=_decomposition_table(), tracing_mode="fake")(*args)
     plain = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
     gm = make_fx(torch.func.functionalize(gm, remove="mutations_and_views"),
-                 decomposition_table=_decomposition_table())(*plain)
+                 decomposition_table=_decomposition_table(), tracing_mode="fake")(*plain)
     return graph_text(gm)

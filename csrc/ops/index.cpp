@@ -161,6 +161,19 @@ TT_LOWERINGS(({"aten::scatter.src", "aten::scatter_.src", "aten::scatter.src_out
                "aten::scatter_.value_reduce", "aten::scatter.value_reduce_out"}), Scatter<false>);
 TT_LOWERINGS(({"aten::scatter_add", "aten::scatter_add_", "aten::scatter_add.out"}), Scatter<true>);
 
+// torchtitan::deterministic_scatter_add(out, index, src): out.scatter_add(0, index, src), the
+// combine step of torchtitan's MoE token dispatchers (a custom op, opaque in compiled graphs;
+// XLA's scatter is deterministic).
+std::vector<Value> DeterministicScatterAdd(LowerCtx& c) {
+  static const std::vector<std::string> names{"self", "dim", "index", "src"};
+  Arg dim;
+  dim.kind = Arg::Int;
+  dim.i = 0;
+  LowerCtx c2{c.b, c.op, {c.arg(0), dim, c.arg(1), c.arg(2)}, names, c.outs, {}};
+  return Scatter<true>(c2);
+}
+TT_GRAPH_LOWERINGS(({"torchtitan::deterministic_scatter_add"}), DeterministicScatterAdd);
+
 // ---- advanced indexing ----
 struct Adv {
   Value xt;          // self transposed: indexed dims first

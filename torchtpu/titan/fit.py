@@ -1,7 +1,7 @@
 """Does a release recipe fit on the TPU it is meant for? One rank of it, compiled for that TPU,
 with no TPU and no full-size tensor (issue 34: the recipe fit report).
 
-    python -m torchtpu.titan.fit llama3_70b --chips 256 --tpu v5p
+    python -m torchtpu.titan.fit llama3_70b --chips 256 --tpu v5p     (exit status 1: does not fit)
 
 1. **State, exact.** A fake process group of ``--chips`` ranks (torch's ``fake`` backend: no
    communication) lets torchtitan build the recipe's model on the meta device and apply its own
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -79,6 +80,10 @@ class FitReport:
     def fits(self) -> bool:
         return self.peak_bytes <= self.hbm_bytes
 
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "state_bytes": self.state_bytes, "peak_bytes": self.peak_bytes,
+                "fits": self.fits}
+
     def __str__(self) -> str:
         g = lambda b: f"{b / _GIB:8.2f} GiB"  # noqa: E731
         par = ", ".join(f"{k} {v}" for k, v in self.parallelism.items())
@@ -110,19 +115,21 @@ def _fake_world(chips: int) -> None:
     dist.init_process_group(backend="cpu:fake,tpu:fake", store=FakeStore(), rank=0, world_size=chips)
 
 
-def _set_num_experts(cfg, n: int) -> None:
-    """Every ``num_experts`` in a block config tree set to n (EP's local experts)."""
+def _set_num_experts(cfg, n: int, old: int | None = None, router: bool = False) -> None:
+    """Every ``num_experts`` in a block config tree set to n (EP's local experts), and the
+    router's gate width with it."""
     if not dataclasses.is_dataclass(cfg):
         return
+    router = router or "Router" in type(cfg).__qualname__
     for f in dataclasses.fields(cfg):
         v = getattr(cfg, f.name, None)
-        if f.name == "num_experts" and isinstance(v, int):
+        if f.name == "num_experts" and isinstance(v, int) or (router and f.name == "out_features" and v == old):
             setattr(cfg, f.name, n)
         elif dataclasses.is_dataclass(v):
-            _set_num_experts(v, n)
+            _set_num_experts(v, n, old, router)
         elif isinstance(v, (list, tuple)):
             for x in v:
-                _set_num_experts(x, n)
+                _set_num_experts(x, n, old, router)
 
 
 def _compute_shape(p) -> tuple[list[int], int]:
@@ -237,30 +244,37 @@ def fit(recipe: str, chips: int, tpu: str = "v5p", local_batch: int | None = Non
             experts = experts or e
     cfg = copy.deepcopy(mc.layers[0])
     if experts:
-        _set_num_experts(cfg, experts)
+        _set_num_experts(cfg, experts, old=experts * pd.ep)
     with torch.device("meta"), utils.set_default_dtype(compute):
         block = cfg.build()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # fake "tpu" tensors: no memory, and the block's autocast regions see the device's type
+    fake = FakeTensorMode()
     names, params = [], []
     for n, p in block.named_parameters():
         shape = shapes.get(n, list(p.shape))
         if experts and "router" in n:
             shape = list(p.shape)  # the router over the local experts (see _set_num_experts)
         names.append(n)
-        params.append(torch.empty(shape, dtype=compute, device="meta", requires_grad=True))
+        with fake:
+            params.append(torch.empty(shape, dtype=compute, device="tpu", requires_grad=True))
     block_param_elems = sum(p.numel() for p in params)
     n_params = len(params)
     for n, buf in block.named_buffers():  # e.g. RoPE's table: a program argument, not a constant
         names.append(n)
-        params.append(torch.empty(buf.shape, dtype=buf.dtype, device="meta"))
+        with fake:
+            params.append(torch.empty(buf.shape, dtype=buf.dtype, device="tpu"))
     report.prefetch_bytes = block_param_elems * compute.itemsize
     report.reduce_bytes = block_param_elems * reduce.itemsize
     dim = mc.dim
     b, s = tr.local_batch_size, tr.seq_len
     seq_shard = pd.tp if pd.tp > 1 else 1  # sequence parallel between the blocks
     report.saved_activation_bytes = len(layers) * b * (s // seq_shard) * dim * compute.itemsize
-    x = torch.empty(b, s, dim, dtype=compute, device="meta", requires_grad=True)
-    grad = torch.empty(b, s, dim, dtype=compute, device="meta")
-    cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="meta")
+    with fake:
+        x = torch.empty(b, s, dim, dtype=compute, device="tpu", requires_grad=True)
+        grad = torch.empty(b, s, dim, dtype=compute, device="tpu")
+        cu = torch.empty(b + 1, dtype=torch.int32, device="tpu")  # one document per sequence
     _MASK_INFO["max"] = s
     step, forward = _block_step(block, names, n_params)
     topology = _ONE_CHIP[tpu]
@@ -282,10 +296,11 @@ def main(argv=None) -> int:
     ap.add_argument("--tpu", default="v5p", help="TPU generation: " + ", ".join(sorted(_ONE_CHIP)))
     ap.add_argument("--local-batch", type=int, default=None)
     ap.add_argument("--seq-len", type=int, default=None)
+    ap.add_argument("--json", action="store_true", help="the report as one JSON line (bytes)")
     a = ap.parse_args(argv)
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     r = fit(a.recipe, a.chips, a.tpu, a.local_batch, a.seq_len)
-    print(r)
+    print(json.dumps(r.as_dict()) if a.json else r)
     return 0 if r.fits else 1
 
 
