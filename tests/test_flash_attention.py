@@ -1,6 +1,6 @@
 """aten::_flash_attention_forward / _flash_attention_backward on tpu (ops/attention.cpp).
 
-Small inputs take the dense form; above 2^26 scores the tiled form (flash attention's loops):
+Small inputs take the dense form; above 2^20 scores the tiled form (flash attention's loops):
 every check here also runs with TORCHTPU_FLASH_TILE=3 (the tiled form at every size, 3-token
 tiles: documents straddle tiles, windows skip tiles), and one size crosses the threshold.
 
@@ -186,7 +186,7 @@ def test_every_check_in_the_tiled_form(tile):
 
 
 def test_long_packed_batch_takes_the_tiled_form(tmp_path, monkeypatch):
-    """2 heads x 6000 packed tokens (72M scores, above the dense limit): the program loops
+    """2 heads x 6000 packed tokens (72M scores, far above the dense limit): the program loops
     (stablehlo.while) and holds no [Tq, Tk] tensor; results equal per-document attention."""
     if os.environ.get("TORCHTPU_FLASH_TILE") is None:
         monkeypatch.setenv("TORCHTPU_DUMP_DIR", str(tmp_path))

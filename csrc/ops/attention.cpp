@@ -6,13 +6,14 @@
 // torch.nn.attention.varlen (torchtitan's "varlen" backend) and SDPA's flash
 // path call: computed densely with a mask built from the cumulative sequence
 // lengths (block-diagonal over packed documents), so cost is O(T^2) in the
-// packed token count T; above kDenseMaxScores scores (a training sequence of
-// thousands of tokens) the tiled form below: flash attention's loops, memory
+// packed token count T; above kDenseMaxScores scores (a few hundred tokens)
+// the tiled form below: flash attention's loops, memory
 // of one tile pair, work only on the tile pairs that share a document.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <string>
 
 #include "registry.h"
 
@@ -203,28 +204,35 @@ std::pair<Docs, Docs> FlashDocs(LowerCtx& c, size_t cq_i, size_t ck_i, const Fla
 
 // ---- the tiled form: flash attention's loops in stablehlo.while ----
 //
-// Above kDenseMaxScores scores (Hq x Tq x Tk) the dense form's [Hk, Tq, g, Tk] tensors are
-// gigabytes (a packed batch of 8 x 8192 tokens: 137 GB of f32 scores per 8 heads); the
-// tiled form holds one Bq x Bk tile pair per head at a time. Each query tile visits only the
+// Above kDenseMaxScores scores (Hq x Tq x Tk) the tiled form: the dense form's [Hk, Tq, g, Tk]
+// tensors grow with the square of the packed tokens (a batch of 8 x 8192 tokens: 137 GB of
+// f32 scores per 8 heads) and its time with them (benchmarks/bench_attention.py, XLA CPU
+// plugin, 8 heads, fwd+bwd: 4096 tokens dense 5.7 s, tiled 0.35 s; 512 tokens 90 / 81 ms;
+// 256 tokens 17 / 18 ms); the tiled form holds one Bq x Bk tile pair per head at a time. Each query tile visits only the
 // key tiles its rows' documents (and causal / sliding windows) reach, found in the program
 // from the documents' offsets, so packed documents cost what their own lengths do.
 // Forward: online softmax over the key tiles (as the ragged paged attention below).
 // Backward: an outer loop over key tiles accumulating dK and dV, an inner loop over the
 // query tiles that see them, adding each tile's dQ into the full dQ carried by the loops.
-// TORCHTPU_FLASH_TILE=n: the tiled form at every size, with n-token tiles (tests).
+// TORCHTPU_FLASH_TILE=n: the tiled form at every size, with n-token tiles (tests);
+// TORCHTPU_FLASH_TILE=dense: the dense form at every size (benchmarks/bench_attention.py).
 
-constexpr int64_t kDenseMaxScores = int64_t(1) << 26;
+constexpr int64_t kDenseMaxScores = int64_t(1) << 20;
 
+// > 0: tiles of that many tokens at every size; 0: by size; -1: dense at every size.
 int64_t FlashTileEnv() {
   static const int64_t t = [] {
     const char* e = std::getenv("TORCHTPU_FLASH_TILE");
-    return e && *e ? std::max<int64_t>(1, std::atoll(e)) : int64_t(0);
+    if (!e || !*e) return int64_t(0);
+    if (std::string(e) == "dense") return int64_t(-1);
+    return std::max<int64_t>(1, std::atoll(e));
   }();
   return t;
 }
 
 bool UseTiled(const FlashGeom& G) {
-  return FlashTileEnv() > 0 || (double)G.Hq * (double)G.Tq * (double)G.Tk > (double)kDenseMaxScores;
+  if (FlashTileEnv() != 0) return FlashTileEnv() > 0;
+  return (double)G.Hq * (double)G.Tq * (double)G.Tk > (double)kDenseMaxScores;
 }
 
 int64_t TileFor(int64_t T) {
