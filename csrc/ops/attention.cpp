@@ -72,30 +72,36 @@ struct Docs {
   Value doc, rel, len, other_len, other_start;  // other_start: the document's first token on the other side
 };
 
-// cu: [B+1] cumulative offsets (any int type). other: the other side's cu.
+// cu: [n+1] cumulative offsets (any int type). other: the other side's cu.
+// A token's document is the last j with cu[j] <= position (n: past cu[n], no
+// document), found by a binary search of ceil(log2(n+1)) gathers: O(T log n),
+// so offsets padded to T + 1 entries (compiled graphs) cost no [T, n] tensor.
 Docs VarlenDocs(Builder& b, Value cu, Value other, int64_t T) {
   cu = b.Convert(cu, ET::S64);
   other = b.Convert(other, ET::S64);
-  int64_t n = cu.dims()[0] - 1;
-  Value pos = b.Iota(Type(ET::S64, {T}), 0);
-  Value ends = b.SliceDim(cu, 0, 1, n + 1);  // [n]
-  Value ge = b.Compare(b.Broadcast(pos, {T, n}, {0}), b.Broadcast(ends, {T, n}, {1}), "GE");
-  Value doc = b.Reduce(b.Convert(ge, ET::S64), b.Zeros(Type(ET::S64, {})), {1}, "add");  // [T] in [0, n]
-  Value onehot = b.Compare(b.Broadcast(doc, {T, n + 1}, {0}), b.Iota(Type(ET::S64, {T, n + 1}), 1), "EQ");
-  auto pick = [&](Value vec) {  // vec [n+1] -> vec[doc] per token
-    Value m = b.Select(onehot, b.Broadcast(vec, {T, n + 1}, {1}), b.Zeros(Type(ET::S64, {T, n + 1})));
-    return b.Reduce(m, b.Zeros(Type(ET::S64, {})), {1}, "add");
-  };
-  auto lens = [&](Value c) {  // [n+1]: c[i+1]-c[i], 0 for the last entry
-    Value next = b.Concat({b.SliceDim(c, 0, 1, n + 1), b.SliceDim(c, 0, n, n + 1)}, 0);
-    return b.Sub(next, c);
-  };
+  const int64_t n = cu.dims()[0] - 1;
+  const Type t(ET::S64, {T});
+  Value pos = b.Iota(t, 0);
+  Value doc = b.Zeros(t);
+  int64_t step = 1;
+  while (step * 2 <= n) step *= 2;
+  for (; step >= 1 && n > 0; step /= 2) {
+    Value cand = b.Add(doc, b.Splat(t, (double)step));
+    Value in = b.Compare(cand, b.Splat(t, (double)n), "LE");
+    Value at = RowGather(b, cu, b.Min(cand, b.Splat(t, (double)n)));
+    doc = b.Select(b.Binary("and", in, b.Compare(at, pos, "LE")), cand, doc);
+  }
+  // cu with its last entry repeated: entry n + 1 makes document n (none) empty
+  auto ext = [&](Value c) { return b.Concat({c, b.SliceDim(c, 0, n, n + 1)}, 0); };
+  Value cux = ext(cu), otx = ext(other);
+  Value next = b.Add(doc, b.Splat(t, 1.0));
   Docs d;
   d.doc = doc;
-  d.rel = b.Sub(pos, pick(cu));
-  d.len = pick(lens(cu));
-  d.other_len = pick(lens(other));
-  d.other_start = pick(other);
+  Value start = RowGather(b, cux, doc);
+  d.rel = b.Sub(pos, start);
+  d.len = b.Sub(RowGather(b, cux, next), start);
+  d.other_start = RowGather(b, otx, doc);
+  d.other_len = b.Sub(RowGather(b, otx, next), d.other_start);
   return d;
 }
 
