@@ -86,3 +86,28 @@ def test_cpu_fake_grouped_mm_keeps_torchs_meta():
         offs = torch.tensor([3, 8], dtype=torch.int32, device="tpu")
         out = torch._grouped_mm(a, b, offs=offs)
         assert out.shape == (8, 32) and out.dtype == torch.float32 and out.device.type == "tpu"
+
+
+def test_torchtitan_deterministic_scatter_add_lowers_in_compiled_graphs():
+    """torchtitan's MoE combine step is a custom op (torchtitan::deterministic_scatter_add):
+    opaque to torch.compile, lowered as scatter_add along dim 0, forward and backward."""
+    scatter = pytest.importorskip("torchtitan.ops.scatter_add").deterministic_scatter_add
+    from torchtpu.compile import lower
+
+    def combine(x, idx, src):
+        return scatter(torch.zeros_like(x), idx.reshape(-1, 1).expand(-1, x.shape[1]), src * 2).square().sum()
+
+    g = torch.Generator().manual_seed(0)
+    x, src = torch.randn(6, 4, generator=g), torch.randn(9, 4, generator=g)
+    idx = torch.randint(0, 6, (9,), generator=g)
+    before = lower.metrics()["graph_fallbacks"]
+    f = torch.compile(combine, backend="tpu", fullgraph=True)
+    sd = src.to("tpu").requires_grad_()
+    out = f(x.to("tpu"), idx.to("tpu"), sd)
+    out.backward()
+    sc = src.clone().requires_grad_()
+    ref = combine(x, idx, sc)
+    ref.backward()
+    torch.testing.assert_close(out.cpu(), ref)
+    torch.testing.assert_close(sd.grad.cpu(), sc.grad)
+    assert lower.metrics()["graph_fallbacks"] == before  # forward and backward graphs lowered
