@@ -175,7 +175,8 @@ def test_defer_and_fuse_regions(dump):
     out, texts = dump(run)
     assert _precisions(_ops_lines(texts, "dot_general")) == {"HIGH"}
     torch.set_float32_matmul_precision("highest")
-    torch.testing.assert_close(out, (a @ b).relu() @ b.t(), rtol=1e-5, atol=1e-5)
+    # sums of ~300 products, in another order than CPU PyTorch's: float32 rounding
+    torch.testing.assert_close(out, (a @ b).relu() @ b.t(), rtol=1e-4, atol=1e-4)
 
 
 def test_compiled_graphs_follow_the_setting(dump):

@@ -8,20 +8,22 @@ with no TPU and no full-size tensor (issue 34: the recipe fit report).
    parallelize function (FSDP, TP, EP, activation checkpointing) as it would on the pod; each
    parameter is then a DTensor whose local shard is what rank 0 holds. Rank 0's parameters,
    gradients and optimizer states (AdamW: two per parameter) in the training dtype are summed.
-2. **Programs, compiled for the TPU.** One transformer block at what a rank computes with
-   (heads and FFN split by TP, experts by EP, FSDP's shards gathered, the recipe's bf16 compute
-   dtype, local batch x sequence length) is traced on the meta device into its forward program
-   and its backward program (full activation checkpointing: the backward recomputes the forward,
-   one program with both), lowered by torchtpu's compile path (the same lowerings the compiled
-   run uses) and compiled by libtpu for the TPU generation: the TPU compiler's own argument,
-   output and scratch bytes.
+2. **Programs, compiled for the TPU.** Each kind of block (a decoder's transformer block;
+   FLUX's double- and single-stream blocks) at what a rank computes with (heads and FFN split by
+   TP, experts by EP, FSDP's shards gathered, the recipe's bf16 compute dtype, local batch x
+   sequence length; FLUX: image patches and T5 tokens) is traced from fake "tpu" tensors into
+   its forward program and its backward program (full activation checkpointing: the backward
+   recomputes the forward, one program with both), lowered by torchtpu's compile path (the same
+   lowerings the compiled run uses) and compiled by libtpu for the TPU generation: the TPU
+   compiler's own argument, output and scratch bytes.
 3. **Peak of one chip** (during a block's backward, the largest point of a step under full
    activation checkpointing): state + the block inputs every layer saved + the next block's
    gathered parameters (FSDP prefetch) + the block backward program's arguments, outputs and
    scratch + its gradients cast for the reduce-scatter (``mixed_precision_reduce``).
 
 What the figure leaves out (docs/titan.md): the embedding, final norm, output projection and the
-loss (run outside the blocks; the loss is chunked), collective buffers, XLA's fragmentation.
+loss (run outside the blocks; the loss is chunked), FLUX's frozen encoders and autoencoder,
+collective buffers, XLA's fragmentation.
 Tensor parallelism's sequence-parallel pieces are taken as one program (the compiled run splits
 a block at its collectives): an upper bound. MoE blocks use EP's local experts with the tokens
 a balanced router sends them.
@@ -96,7 +98,7 @@ class FitReport:
                  f"  next block (FSDP prefetch) {g(self.prefetch_bytes)}",
                  f"  gradients to reduce        {g(self.reduce_bytes)}"]
         for p in self.programs:
-            lines.append(f"  {p['name']:<17} arguments {g(p['argument_bytes'])}, outputs {g(p['output_bytes'])}, "
+            lines.append(f"  {p['name']:<22} arguments {g(p['argument_bytes'])}, outputs {g(p['output_bytes'])}, "
                          f"scratch {g(p['temp_bytes'])}  (libtpu, {p['seconds']:.1f} s)")
         lines.append(f"  peak              {g(self.peak_bytes)} of {g(self.hbm_bytes)}: "
                      + ("fits" if self.fits else "does NOT fit"))
@@ -150,22 +152,66 @@ def _compute_shape(p) -> tuple[list[int], int]:
     return shape, experts
 
 
-def _block_step(block, names, n_params):
-    """The block's forward, and the backward program under full AC (the forward again, then
-    its backward). Arguments: its parameters then buffers (names), x, [grad,] cu_seq_q, cu_seq_k."""
+@dataclass
+class _Block:
+    """One kind of block of the model, as rank 0 computes with it."""
+    name: str             # "block", "double block", "single block"
+    module: torch.nn.Module  # built plain on the meta device
+    shapes: dict          # parameter name -> compute shape (absent: the module's own)
+    inputs: list          # (shape, dtype, differentiable), in call order
+    outputs: list         # shapes of the outputs (their gradients enter the backward)
+    call: object          # call(run, ins) -> output(s); run(*args, **kwargs) runs the module
+    count: int            # how many of them the model has
+
+
+def _programs(blk: _Block, compute, fake, topology: str, recipe: str, tpu: str) -> tuple[list, int]:
+    """The block's forward program and its backward program under full AC (the forward again,
+    then the backward), traced from fake "tpu" tensors and compiled for the TPU; and the
+    number of parameter elements of the block."""
     from torch.func import functional_call
 
-    def step(*a):
-        state, x, grad, masks = a[:len(names)], a[len(names)], a[len(names) + 1], a[len(names) + 2:]
-        out = functional_call(block, dict(zip(names, state)), (x, _masks(*masks), None))
-        return torch.autograd.grad(out, [*state[:n_params], x], grad)
+    from .. import aot
+
+    names, state = [], []
+    with fake:
+        for n, p in blk.module.named_parameters():
+            names.append(n)
+            state.append(torch.empty(blk.shapes.get(n, list(p.shape)), dtype=compute, device="tpu",
+                                     requires_grad=True))
+        n_params = len(state)
+        elems = sum(t.numel() for t in state)
+        for n, buf in blk.module.named_buffers():  # e.g. RoPE's table: an argument, not a constant
+            names.append(n)
+            state.append(torch.empty(buf.shape, dtype=buf.dtype, device="tpu"))
+        ins = [torch.empty(sh, dtype=dt, device="tpu", requires_grad=d) for sh, dt, d in blk.inputs]
+        grads = [torch.empty(sh, dtype=compute, device="tpu") for sh in blk.outputs]
+    ns, ni = len(names), len(ins)
+    diff = [i for i, (_, _, d) in enumerate(blk.inputs) if d]
+
+    def runner(st):
+        return lambda *a, **k: functional_call(blk.module, dict(zip(names, st)), a, k)
 
     def forward(*a):
-        state, x, masks = a[:len(names)], a[len(names)], a[len(names) + 1:]
         with torch.no_grad():
-            return functional_call(block, dict(zip(names, state)), (x, _masks(*masks), None))
+            return blk.call(runner(a[:ns]), a[ns:])
 
-    return step, forward
+    def backward(*a):
+        st, xs, gs = a[:ns], a[ns:ns + ni], a[ns + ni:]
+        out = blk.call(runner(st), xs)
+        out = out if isinstance(out, (tuple, list)) else (out,)
+        return torch.autograd.grad(out, [*st[:n_params], *[xs[i] for i in diff]], gs)
+
+    programs = []
+    for kind, text in (("forward", aot.lower(forward, *[t.detach() for t in state + ins])),
+                       ("backward", aot.lower(backward, *state, *ins, *grads))):
+        name = f"{blk.name} {kind}"
+        r = aot.compile_text(text, topology)
+        if not r["ok"]:
+            raise RuntimeError(f"torchtpu.titan.fit: the {name} program of {recipe} does not compile for "
+                               f"{tpu}: {r['error'][:2000]}")
+        programs.append({"name": name, **{k: r[k] for k in ("argument_bytes", "output_bytes", "temp_bytes",
+                                                            "seconds")}})
+    return programs, elems
 
 
 _MASK_INFO = {}
@@ -177,11 +223,90 @@ def _masks(cu_q, cu_k):
     return VarlenMetadata(cu_seq_q=cu_q, cu_seq_k=cu_k, max_q=_MASK_INFO["max"], max_k=_MASK_INFO["max"])
 
 
+def _shapes_of(model, prefix: str) -> tuple[dict, int]:
+    """Compute shapes of the parallelized block at prefix ("layers.0."), by the plain block's
+    parameter names, and the experts EP leaves rank 0."""
+    shapes, experts = {}, 0
+    for n, p in model.named_parameters():
+        if n.startswith(prefix):
+            shapes[n[len(prefix):].replace("_checkpoint_wrapped_module.", "")], e = _compute_shape(p)
+            experts = experts or e
+    return shapes, experts
+
+
+def _lm_blocks(model, mc, pd, tr, compute, utils) -> list[_Block]:
+    """A decoder's transformer block: x [local batch, seq, dim] (sequence-parallel between
+    blocks under TP: the block gathers it), one document per sequence."""
+    layers = list(model.layers.keys())
+    shapes, experts = _shapes_of(model, f"layers.{layers[0]}.")
+    cfg = copy.deepcopy(mc.layers[0])
+    if experts:
+        _set_num_experts(cfg, experts, old=experts * pd.ep)
+        # the router over the local experts (see _set_num_experts), not the full one
+        shapes = {n: v for n, v in shapes.items() if "router" not in n}
+    with torch.device("meta"), utils.set_default_dtype(compute):
+        block = cfg.build()
+    b, s, dim = tr.local_batch_size, tr.seq_len, mc.dim
+    _MASK_INFO["max"] = s
+    return [_Block("block", block, shapes, [((b, s, dim), compute, True), ((b + 1,), torch.int32, False),
+                                            ((b + 1,), torch.int32, False)],
+                   [(b, s, dim)], lambda run, ins: run(ins[0], _masks(ins[1], ins[2]), None), len(layers))]
+
+
+def _flux_blocks(model, config, tr, compute, utils) -> list[_Block]:
+    """FLUX's double-stream and single-stream blocks, with the inputs the model gives them for
+    the recipe's image size and T5 length (captured by running the plain model on meta)."""
+    from torchtitan.models.flux.trainer import IMAGE_LATENT_SIZE_RATIO, PATCH_HEIGHT, PATCH_WIDTH
+
+    mc = config.model_spec.model
+    with torch.device("meta"), utils.set_default_dtype(compute):
+        plain = mc.build()
+    b = tr.local_batch_size
+    side = config.dataloader.img_size // IMAGE_LATENT_SIZE_RATIO
+    n_img = (side // PATCH_HEIGHT) * (side // PATCH_WIDTH)
+    n_txt = config.tokenizer.max_t5_encoding_len
+    seen = {}
+
+    def hook(kind):
+        def h(mod, args, kwargs):
+            seen[kind] = (args, kwargs)
+        return h
+
+    plain.double_blocks[0].register_forward_pre_hook(hook("double"), with_kwargs=True)
+    plain.single_blocks[0].register_forward_pre_hook(hook("single"), with_kwargs=True)
+    m = lambda *shape: torch.empty(*shape, device="meta", dtype=compute)  # noqa: E731
+    with torch.no_grad():
+        plain(m(b, n_img, mc.in_channels), m(b, n_img, 3), m(b, n_txt, mc.context_in_dim), m(b, n_txt, 3), m(b),
+              m(b, mc.vec_in_dim))
+    tr.seq_len = n_img + n_txt
+    out = []
+    for kind, blocks, prefix in (("double", plain.double_blocks, "double_blocks.0."),
+                                 ("single", plain.single_blocks, "single_blocks.0.")):
+        args, kwargs = seen[kind]
+        keys = [None] * len(args) + list(kwargs)
+        vals = list(args) + list(kwargs.values())
+        # the residual streams and vec (from trained layers) carry gradients; pe does not
+        diffs = [k != "pe" for k in keys]
+        outs = [tuple(v.shape) for k, v in zip(keys, vals) if k in (None, "img", "txt")]
+
+        def call(run, ins, keys=keys):
+            pos = [x for k, x in zip(keys, ins) if k is None]
+            return run(*pos, **{k: x for k, x in zip(keys, ins) if k is not None})
+
+        shapes, _ = _shapes_of(model, prefix)
+        out.append(_Block(f"{kind} block", blocks[0], shapes,
+                          [(tuple(v.shape), v.dtype, d) for v, d in zip(vals, diffs)], outs, call, len(blocks)))
+    return out
+
+
 def fit(recipe: str, chips: int, tpu: str = "v5p", local_batch: int | None = None,
         seq_len: int | None = None) -> FitReport:
-    """The fit report of a recipe in ``torchtpu.titan``'s registry (``RECIPES``: its LM recipes)
-    for ``chips`` chips of TPU generation ``tpu`` (v5e, v5p, v6e, tpu7x). Runs in a process of
-    its own (it starts a fake process group)."""
+    """The fit report of a recipe in ``torchtpu.titan``'s registry (``RECIPES``) for ``chips``
+    chips of TPU generation ``tpu`` (v5e, v5p, v6e, tpu7x). Runs in a process of its own (it
+    starts a fake process group). ``seq_len`` applies to the LM recipes (FLUX's comes from its
+    image size and T5 length)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.tensor import DTensor
     from torchtitan.config import TORCH_DTYPE_MAP
     from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.tools import utils
@@ -189,13 +314,15 @@ def fit(recipe: str, chips: int, tpu: str = "v5p", local_batch: int | None = Non
     from .. import aot
     from . import config_registry as reg
 
-    if recipe not in reg.RECIPES or recipe.startswith("flux"):
-        raise ValueError(f"torchtpu.titan.fit: recipe must be one of "
-                         f"{sorted(r for r in reg.RECIPES if not r.startswith('flux'))}, got {recipe!r}")
+    if recipe not in reg.RECIPES:
+        raise ValueError(f"torchtpu.titan.fit: recipe must be one of {sorted(reg.RECIPES)}, got {recipe!r}")
     if tpu not in _ONE_CHIP:
         raise ValueError(f"torchtpu.titan.fit: tpu must be one of {sorted(_ONE_CHIP)}, got {tpu!r}")
     if not isinstance(chips, int) or chips < 1:
         raise ValueError(f"torchtpu.titan.fit: chips must be a positive int, got {chips!r}")
+    flux = recipe.startswith("flux")
+    if flux and seq_len:
+        raise ValueError("torchtpu.titan.fit: FLUX's sequence is its image and text tokens; --seq-len is for LMs")
     config = reg.RECIPES[recipe][0]()
     if local_batch:
         config.training.local_batch_size = local_batch
@@ -207,7 +334,8 @@ def fit(recipe: str, chips: int, tpu: str = "v5p", local_batch: int | None = Non
     pd.build_mesh()
     spec = config.model_spec
     mc = spec.model
-    mc.update_from_config(config=config)
+    if not flux:
+        mc.update_from_config(config=config)
     with torch.device("meta"), utils.set_default_dtype(TORCH_DTYPE_MAP[tr.dtype]):
         model = mc.build()
     compile_cfg = copy.deepcopy(config.compile)
@@ -216,76 +344,29 @@ def fit(recipe: str, chips: int, tpu: str = "v5p", local_batch: int | None = Non
                                 compile_config=compile_cfg, ac_config=config.activation_checkpoint,
                                 dump_folder="/tmp")
     par = {"fsdp": pd.dp_shard, "tp": pd.tp, "ep": pd.ep}
-    report = FitReport(recipe=recipe, chips=chips, tpu=tpu, hbm_bytes=aot.HBM_BYTES[tpu],
-                       parallelism={k: v for k, v in par.items() if v > 1} or {"fsdp": 1},
-                       local_batch=tr.local_batch_size, seq_len=tr.seq_len)
-    from torch.distributed.tensor import DTensor
-
-    master = TORCH_DTYPE_MAP[tr.dtype]
-    for p in model.parameters():
-        n = (p.to_local() if isinstance(p, DTensor) else p).numel()
-        report.params_local += n
-    esize = torch.empty((), dtype=master).element_size()
-    report.param_bytes = report.grad_bytes = report.params_local * esize
+    params_local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
+    esize = torch.empty((), dtype=TORCH_DTYPE_MAP[tr.dtype]).element_size()
     opts = {g.optimizer_name for g in config.optimizer.param_groups}
-    report.optimizer_bytes = 2 * report.param_bytes if opts <= {"Adam", "AdamW"} else 0
 
-    # one block as rank 0 computes with it
     compute = TORCH_DTYPE_MAP[tr.mixed_precision_param]
     reduce = TORCH_DTYPE_MAP[tr.mixed_precision_reduce]
-    layers = list(model.layers.values())
-    prefix = next(n for n, _ in model.named_parameters() if n.startswith("layers.")).split(".")[1]
-    wrapped = f"layers.{prefix}."
-    shapes, experts = {}, 0
-    for n, p in model.named_parameters():
-        if n.startswith(wrapped):
-            name = n[len(wrapped):].replace("_checkpoint_wrapped_module.", "")
-            shapes[name], e = _compute_shape(p)
-            experts = experts or e
-    cfg = copy.deepcopy(mc.layers[0])
-    if experts:
-        _set_num_experts(cfg, experts, old=experts * pd.ep)
-    with torch.device("meta"), utils.set_default_dtype(compute):
-        block = cfg.build()
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    # fake "tpu" tensors: no memory, and the block's autocast regions see the device's type
-    fake = FakeTensorMode()
-    names, params = [], []
-    for n, p in block.named_parameters():
-        shape = shapes.get(n, list(p.shape))
-        if experts and "router" in n:
-            shape = list(p.shape)  # the router over the local experts (see _set_num_experts)
-        names.append(n)
-        with fake:
-            params.append(torch.empty(shape, dtype=compute, device="tpu", requires_grad=True))
-    block_param_elems = sum(p.numel() for p in params)
-    n_params = len(params)
-    for n, buf in block.named_buffers():  # e.g. RoPE's table: a program argument, not a constant
-        names.append(n)
-        with fake:
-            params.append(torch.empty(buf.shape, dtype=buf.dtype, device="tpu"))
-    report.prefetch_bytes = block_param_elems * compute.itemsize
-    report.reduce_bytes = block_param_elems * reduce.itemsize
-    dim = mc.dim
-    b, s = tr.local_batch_size, tr.seq_len
+    blocks = _flux_blocks(model, config, tr, compute, utils) if flux else _lm_blocks(model, mc, pd, tr, compute, utils)
+    report = FitReport(recipe=recipe, chips=chips, tpu=tpu, hbm_bytes=aot.HBM_BYTES[tpu],
+                       parallelism={k: v for k, v in par.items() if v > 1} or {"fsdp": 1},
+                       local_batch=tr.local_batch_size, seq_len=tr.seq_len, params_local=params_local,
+                       param_bytes=params_local * esize, grad_bytes=params_local * esize)
+    report.optimizer_bytes = 2 * report.param_bytes if opts <= {"Adam", "AdamW"} else 0
     seq_shard = pd.tp if pd.tp > 1 else 1  # sequence parallel between the blocks
-    report.saved_activation_bytes = len(layers) * b * (s // seq_shard) * dim * compute.itemsize
-    with fake:
-        x = torch.empty(b, s, dim, dtype=compute, device="tpu", requires_grad=True)
-        grad = torch.empty(b, s, dim, dtype=compute, device="tpu")
-        cu = torch.empty(b + 1, dtype=torch.int32, device="tpu")  # one document per sequence
-    _MASK_INFO["max"] = s
-    step, forward = _block_step(block, names, n_params)
-    topology = _ONE_CHIP[tpu]
-    for name, text in (("block forward", aot.lower(forward, *[p.detach() for p in params], x.detach(), cu, cu)),
-                       ("block backward", aot.lower(step, *params, x, grad, cu, cu))):
-        r = aot.compile_text(text, topology)
-        if not r["ok"]:
-            raise RuntimeError(f"torchtpu.titan.fit: the {name} program of {recipe} does not compile for "
-                               f"{tpu}: {r['error'][:2000]}")
-        report.programs.append({"name": name, **{k: r[k] for k in ("argument_bytes", "output_bytes",
-                                                                    "temp_bytes", "seconds")}})
+    fake = FakeTensorMode()  # fake "tpu" tensors: no memory; autocast regions see the device type
+    largest = 0
+    for blk in blocks:
+        programs, elems = _programs(blk, compute, fake, _ONE_CHIP[tpu], recipe, tpu)
+        report.programs += programs
+        largest = max(largest, elems)
+        per_block = sum(torch.Size(sh).numel() for sh in blk.outputs) // seq_shard * compute.itemsize
+        report.saved_activation_bytes += blk.count * per_block
+    report.prefetch_bytes = largest * compute.itemsize
+    report.reduce_bytes = largest * reduce.itemsize
     return report
 
 
