@@ -26,6 +26,11 @@ EXPECTED = {"highest": "HIGHEST", "high": "HIGH", "medium": None}
 _shape = itertools.count(3)
 
 
+@pytest.fixture(autouse=True)
+def _seeded():
+    torch.manual_seed(0)
+
+
 @pytest.fixture
 def dump(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHTPU_DUMP_DIR", str(tmp_path))
@@ -98,10 +103,11 @@ def test_float32_ops_carry_the_precision_torch_asks_for(dump, setting, case):
     lines = _ops_lines(texts, op)
     assert lines, f"no {op} in the programs of {case}"
     assert _precisions(lines) == {EXPECTED[setting]}
-    # the CPU plugin computes float32 at full precision whatever the attribute
+    # the CPU plugin computes float32 at full precision whatever the attribute (sums of ~300
+    # products, in another order than CPU PyTorch's: float32 rounding at 1e-4)
     # (CPU PyTorch's oneDNN may use bfloat16 under "medium": the reference is "highest")
     torch.set_float32_matmul_precision("highest")
-    torch.testing.assert_close(out, fn(*cpu_args), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, fn(*cpu_args), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -175,7 +181,6 @@ def test_defer_and_fuse_regions(dump):
     out, texts = dump(run)
     assert _precisions(_ops_lines(texts, "dot_general")) == {"HIGH"}
     torch.set_float32_matmul_precision("highest")
-    # sums of ~300 products, in another order than CPU PyTorch's: float32 rounding
     torch.testing.assert_close(out, (a @ b).relu() @ b.t(), rtol=1e-4, atol=1e-4)
 
 
@@ -191,5 +196,5 @@ def test_compiled_graphs_follow_the_setting(dump):
     out2, texts = dump(lambda: f(a, b).cpu())
     assert _precisions(_ops_lines(texts, "dot_general")) == {"HIGHEST"}
     ref = torch.tanh(a.cpu() @ b.cpu())
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out2, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out2, ref, rtol=1e-4, atol=1e-4)
