@@ -139,3 +139,38 @@ def test_fit_report_compiles_one_rank_of_the_70b_recipe_for_a_tpu():
     # (TORCHTPU_FLASH_TILE=4096, the dense form's footprint) needs 0.84 GiB
     assert 0 < bwd["temp_bytes"] < 512 << 20
     assert rep["fits"] and rep["peak_bytes"] < rep["hbm_bytes"] == 95 << 30
+
+
+def test_fit_report_of_flux_blocks():
+    """FLUX's two kinds of block (double- and single-stream) with the inputs the model gives
+    them (image patches and T5 tokens), at flux_testmodel's size: 2 + 2 blocks, 64 px (16
+    patches), T5 length 32, FSDP 4 on v5e."""
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("libtpu") is None and not os.environ.get("TPU_LIBRARY_PATH"):
+        pytest.skip("libtpu is not installed (the tpu extra)")
+    env = dict(os.environ, TPU_SKIP_MDS_QUERY="1", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    r = subprocess.run([sys.executable, "-m", "torchtpu.titan.fit", "flux_testmodel", "--chips", "4", "--tpu", "v5e",
+                        "--local-batch", "2", "--json"], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    rep = json.loads(r.stdout.strip().splitlines()[-1])
+    cfg = reg.flux_testmodel()
+    total = _count(_titan_model(cfg))
+    assert rep["parallelism"] == {"fsdp": 4}
+    assert total / 4 <= rep["params_local"] < total / 4 * 1.01
+    assert [p["name"] for p in rep["programs"]] == ["double block forward", "double block backward",
+                                                     "single block forward", "single block backward"]
+    mc = cfg.model_spec.model
+    img, txt = (64 // 8 // 2) ** 2, cfg.tokenizer.max_t5_encoding_len
+    assert rep["seq_len"] == img + txt
+    # saved block inputs: each double block's image and text streams, each single block's joint one
+    size = getattr(torch, cfg.training.mixed_precision_param).itemsize  # the compute dtype
+    per = 2 * (img + txt) * mc.hidden_size * size
+    assert rep["saved_activation_bytes"] == (mc.depth + mc.depth_single_blocks) * per
+    dbl = rep["programs"][1]
+    assert dbl["output_bytes"] >= per  # gradients of the image and text streams
+    assert rep["fits"]

@@ -301,7 +301,8 @@ def _flux_blocks(model, config, tr, compute, utils) -> list[_Block]:
 
 def fit(recipe: str, chips: int, tpu: str = "v5p", local_batch: int | None = None,
         seq_len: int | None = None) -> FitReport:
-    """The fit report of a recipe in ``torchtpu.titan``'s registry (``RECIPES``) for ``chips``
+    """The fit report of a recipe in ``torchtpu.titan``'s registry (``RECIPES``, or any of its
+    configs) for ``chips``
     chips of TPU generation ``tpu`` (v5e, v5p, v6e, tpu7x). Runs in a process of its own (it
     starts a fake process group). ``seq_len`` applies to the LM recipes (FLUX's comes from its
     image size and T5 length)."""
@@ -314,8 +315,11 @@ def fit(recipe: str, chips: int, tpu: str = "v5p", local_batch: int | None = Non
     from .. import aot
     from . import config_registry as reg
 
-    if recipe not in reg.RECIPES:
-        raise ValueError(f"torchtpu.titan.fit: recipe must be one of {sorted(reg.RECIPES)}, got {recipe!r}")
+    # the release's recipes, or any config of the registry (the debug/test sizes: tests)
+    known = sorted(n for n in reg.__all__ if n != "RECIPES" and not n.endswith("_dryrun"))
+    if recipe not in known:
+        raise ValueError(f"torchtpu.titan.fit: recipe must be one of {sorted(reg.RECIPES)} (or a config of "
+                         f"torchtpu.titan's registry: {known}), got {recipe!r}")
     if tpu not in _ONE_CHIP:
         raise ValueError(f"torchtpu.titan.fit: tpu must be one of {sorted(_ONE_CHIP)}, got {tpu!r}")
     if not isinstance(chips, int) or chips < 1:
@@ -323,7 +327,7 @@ def fit(recipe: str, chips: int, tpu: str = "v5p", local_batch: int | None = Non
     flux = recipe.startswith("flux")
     if flux and seq_len:
         raise ValueError("torchtpu.titan.fit: FLUX's sequence is its image and text tokens; --seq-len is for LMs")
-    config = reg.RECIPES[recipe][0]()
+    config = getattr(reg, recipe)()
     if local_batch:
         config.training.local_batch_size = local_batch
     if seq_len:
