@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <string>
 
@@ -246,6 +247,35 @@ int64_t TileFor(int64_t T) {
   return std::max<int64_t>(1, std::min(t, T));
 }
 
+// T tokens padded to whole tiles.
+int64_t PaddedLen(int64_t T) {
+  const int64_t B = TileFor(T);
+  return (T + B - 1) / B * B;
+}
+
+// A stablehlo.while over tile index i from start while i < end (0-d s64 values), carrying
+// state: body(b, i, state) -> the next state. Returns the state at exit.
+using TileBody = std::function<std::vector<Value>(Builder&, Value, const std::vector<Value>&)>;
+std::vector<Value> TileLoop(Builder& b, Value start, Value end, const std::vector<Value>& state, const TileBody& body) {
+  const Type s64(ET::S64, {});
+  hlo::Region cond, step;
+  cond.arg_types = {s64};
+  for (const Value& v : state) cond.arg_types.push_back(v.type);
+  cond.body = [&](Builder& b, const std::vector<Value>& a) {
+    return std::vector<Value>{b.Compare(a[0], end, "LT")};
+  };
+  step.arg_types = cond.arg_types;
+  step.body = [&](Builder& b, const std::vector<Value>& a) {
+    std::vector<Value> next{b.Add(a[0], b.Splat(s64, 1.0))};
+    for (Value& v : body(b, a[0], std::vector<Value>(a.begin() + 1, a.end()))) next.push_back(v);
+    return next;
+  };
+  std::vector<Value> init{start};
+  init.insert(init.end(), state.begin(), state.end());
+  std::vector<Value> r = b.Op("stablehlo.while", init, cond.arg_types, "", {cond, step});
+  return std::vector<Value>(r.begin() + 1, r.end());
+}
+
 // Per token, the half-open range [lo, hi) of tokens on the other side it pairs with (its
 // document, narrowed by the window); invalid tokens get [big, 0). q_side: the tokens are
 // queries (windows bound the keys a query sees) or keys (the queries that see a key).
@@ -310,7 +340,8 @@ struct TiledSide {
 };
 
 TiledSide MakeSide(Builder& b, const Docs& d, int64_t n_docs, int64_t T, int64_t wl, int64_t wr, bool q_side,
-                   int64_t other_Tp) {
+                   int64_t other_T) {
+  const int64_t other_Tp = PaddedLen(other_T);
   TiledSide s;
   s.T = T;
   s.B = TileFor(T);
@@ -347,9 +378,8 @@ Value TileMask(Builder& b, Value qdoc, Value qpos, Value kdoc, Value krel, int64
 std::pair<Value, Value> TiledForward(Builder& b, const FlashGeom& G, const Docs& dq, const Docs& dk, int64_t n_docs,
                                      int64_t wl, int64_t wr, Value q, Value k, Value v) {
   const int64_t Hk = G.Hk, g = G.g, D = G.D, Dv = G.Dv;
-  const int64_t Bk0 = TileFor(G.Tk), Tkp = (G.Tk + Bk0 - 1) / Bk0 * Bk0;
-  TiledSide Q = MakeSide(b, dq, n_docs, G.Tq, wl, wr, true, Tkp);
-  TiledSide K = MakeSide(b, dk, n_docs, G.Tk, wl, wr, false, Q.Tp);
+  TiledSide Q = MakeSide(b, dq, n_docs, G.Tq, wl, wr, true, G.Tk);
+  TiledSide K = MakeSide(b, dk, n_docs, G.Tk, wl, wr, false, G.Tq);
   const int64_t Bq = Q.B, Bk = K.B;
   Value q4 = PadRows(b, b.Reshape(q, {G.Tq, Hk, g, D}), Q.Tp, 0);
   Value kp = PadRows(b, k, K.Tp, 0), vp = PadRows(b, v, K.Tp, 0);
@@ -359,52 +389,39 @@ std::pair<Value, Value> TiledForward(Builder& b, const FlashGeom& G, const Docs&
   Type mt(ET::F32, {Hk, Bq, g}), at(ET::F32, {Hk, Bq, g, Dv});
   Type ot(ET::F32, {Q.Tp, Hk, g, Dv}), lt(ET::F32, {Q.Tp, Hk, g});
 
-  hlo::Region cond, body;
-  cond.arg_types = {s64, ot, lt};
-  cond.body = [&](Builder& b, const std::vector<Value>& a) {
-    return std::vector<Value>{b.Compare(a[0], I((double)Q.n_tiles), "LT")};
-  };
-  body.arg_types = cond.arg_types;
-  body.body = [&](Builder& b, const std::vector<Value>& a) {
-    Value row = b.Mul(a[0], I((double)Bq));
+  std::vector<Value> r = TileLoop(b, I(0), I((double)Q.n_tiles), {b.Zeros(ot), b.Zeros(lt)},
+                                  [&](Builder& b, Value i, const std::vector<Value>& a) {
+    Value row = b.Mul(i, I((double)Bq));
     Value qt = Rows(b, q4, row, Bq), qdoc = Rows(b, Q.doc, row, Bq), qpos = Rows(b, Q.qpos, row, Bq);
     auto [first, end] = TileRange(b, Rows(b, Q.lo, row, Bq), Rows(b, Q.hi, row, Bq), Bk, K.n_tiles);
-    hlo::Region c2, b2;
-    c2.arg_types = {s64, mt, mt, at};
-    c2.body = [end = end](Builder& b, const std::vector<Value>& a) {
-      return std::vector<Value>{b.Compare(a[0], end, "LT")};
-    };
-    b2.arg_types = c2.arg_types;
-    b2.body = [&](Builder& b, const std::vector<Value>& a) {
-      Value col = b.Mul(a[0], I((double)Bk));
+    std::vector<Value> r = TileLoop(b, first, end, {b.Splat(mt, kNegBig), b.Zeros(mt), b.Zeros(at)},
+                                    [&](Builder& b, Value j, const std::vector<Value>& a) {
+      Value col = b.Mul(j, I((double)Bk));
       Value kt = Rows(b, kp, col, Bk), vt = Rows(b, vp, col, Bk);
       Value s = DotG(b, qt, kt, {1}, {1}, {3}, {2}, ET::F32);  // [Hk, Bq, g, Bk]
       s = b.Mul(s, b.Splat(s.type, G.scale));
       Value m4 = TileMask(b, qdoc, qpos, Rows(b, K.doc, col, Bk), Rows(b, K.rel, col, Bk), n_docs, wl, wr, s.dims());
       s = b.Select(m4, s, b.Splat(s.type, -inf));
-      Value mn = b.Max(a[1], b.Reduce(s, b.Splat(Type(ET::F32, {}), kNegBig), {3}, "maximum"));
+      Value mn = b.Max(a[0], b.Reduce(s, b.Splat(Type(ET::F32, {}), kNegBig), {3}, "maximum"));
       Value p = b.Unary("exponential", b.Sub(s, b.Broadcast(mn, s.dims(), {0, 1, 2})));
-      Value alpha = b.Unary("exponential", b.Sub(a[1], mn));
-      Value ln = b.Add(b.Mul(a[2], alpha), b.Reduce(p, b.Zeros(Type(ET::F32, {})), {3}, "add"));
+      Value alpha = b.Unary("exponential", b.Sub(a[0], mn));
+      Value ln = b.Add(b.Mul(a[1], alpha), b.Reduce(p, b.Zeros(Type(ET::F32, {})), {3}, "add"));
       Value pv = DotG(b, p, vt, {0}, {1}, {3}, {0}, ET::F32);  // [Hk, Bq, g, Dv]
-      Value acc = b.Add(b.Mul(a[3], b.Broadcast(alpha, at.dims, {0, 1, 2})), pv);
-      return std::vector<Value>{b.Add(a[0], I(1)), mn, ln, acc};
-    };
-    std::vector<Value> r = b.Op("stablehlo.while", {first, b.Splat(mt, kNegBig), b.Zeros(mt), b.Zeros(at)},
-                                {s64, mt, mt, at}, "", {c2, b2});
-    Value m = r[1], l = r[2], acc = r[3];
+      Value acc = b.Add(b.Mul(a[2], b.Broadcast(alpha, at.dims, {0, 1, 2})), pv);
+      return std::vector<Value>{mn, ln, acc};
+    });
+    Value m = r[0], l = r[1], acc = r[2];
     Value any = b.Compare(l, b.Zeros(mt), "GT");
     Value safe = b.Select(any, l, b.Splat(mt, 1.0));
     Value o = b.Select(b.Broadcast(any, at.dims, {0, 1, 2}), b.Div(acc, b.Broadcast(safe, at.dims, {0, 1, 2})),
                        b.Zeros(at));
     // rows with no key: output 0, logsumexp +inf (as flash attention's kernels)
     Value lse = b.Select(any, b.Add(m, b.Unary("log", safe)), b.Splat(mt, inf));
-    return std::vector<Value>{b.Add(a[0], I(1)), PutRows(b, a[1], b.Transpose(o, {1, 0, 2, 3}), row),
-                              PutRows(b, a[2], b.Transpose(lse, {1, 0, 2}), row)};
-  };
-  std::vector<Value> r = b.Op("stablehlo.while", {I(0), b.Zeros(ot), b.Zeros(lt)}, {s64, ot, lt}, "", {cond, body});
-  Value o = b.Reshape(b.SliceDim(r[1], 0, 0, G.Tq), {G.Tq, G.Hq, Dv});
-  Value lse = b.Reshape(b.Transpose(b.SliceDim(r[2], 0, 0, G.Tq), {1, 2, 0}), {G.Hq, G.Tq});
+    return std::vector<Value>{PutRows(b, a[0], b.Transpose(o, {1, 0, 2, 3}), row),
+                              PutRows(b, a[1], b.Transpose(lse, {1, 0, 2}), row)};
+  });
+  Value o = b.Reshape(b.SliceDim(r[0], 0, 0, G.Tq), {G.Tq, G.Hq, Dv});
+  Value lse = b.Reshape(b.Transpose(b.SliceDim(r[1], 0, 0, G.Tq), {1, 2, 0}), {G.Hq, G.Tq});
   return {o, lse};
 }
 
@@ -412,10 +429,8 @@ std::pair<Value, Value> TiledForward(Builder& b, const FlashGeom& G, const Docs&
 std::vector<Value> TiledBackward(Builder& b, const FlashGeom& G, const Docs& dq, const Docs& dk, int64_t n_docs,
                                  int64_t wl, int64_t wr, Value q, Value k, Value v, Value go, Value out, Value lse) {
   const int64_t Hk = G.Hk, g = G.g, D = G.D, Dv = G.Dv;
-  const int64_t Bk0 = TileFor(G.Tk), Tkp = (G.Tk + Bk0 - 1) / Bk0 * Bk0;
-  const int64_t Bq0 = TileFor(G.Tq), Tqp = (G.Tq + Bq0 - 1) / Bq0 * Bq0;
-  TiledSide Q = MakeSide(b, dq, n_docs, G.Tq, wl, wr, true, Tkp);
-  TiledSide K = MakeSide(b, dk, n_docs, G.Tk, wl, wr, false, Tqp);
+  TiledSide Q = MakeSide(b, dq, n_docs, G.Tq, wl, wr, true, G.Tk);
+  TiledSide K = MakeSide(b, dk, n_docs, G.Tk, wl, wr, false, G.Tq);
   const int64_t Bq = Q.B, Bk = K.B;
   const double inf = std::numeric_limits<double>::infinity();
   Value q4 = PadRows(b, b.Reshape(q, {G.Tq, Hk, g, D}), Q.Tp, 0);
@@ -429,25 +444,15 @@ std::vector<Value> TiledBackward(Builder& b, const FlashGeom& G, const Docs& dq,
   Type dqt(ET::F32, {Q.Tp, Hk, g, D}), dkt(ET::F32, {K.Tp, Hk, D}), dvt(ET::F32, {K.Tp, Hk, Dv});
   Type kat(ET::F32, {Hk, Bk, D}), vat(ET::F32, {Hk, Bk, Dv});
 
-  hlo::Region cond, body;
-  cond.arg_types = {s64, dqt, dkt, dvt};
-  cond.body = [&](Builder& b, const std::vector<Value>& a) {
-    return std::vector<Value>{b.Compare(a[0], I((double)K.n_tiles), "LT")};
-  };
-  body.arg_types = cond.arg_types;
-  body.body = [&](Builder& b, const std::vector<Value>& a) {
-    Value col = b.Mul(a[0], I((double)Bk));
+  std::vector<Value> r = TileLoop(b, I(0), I((double)K.n_tiles), {b.Zeros(dqt), b.Zeros(dkt), b.Zeros(dvt)},
+                                  [&](Builder& b, Value j, const std::vector<Value>& a) {
+    Value col = b.Mul(j, I((double)Bk));
     Value kt = Rows(b, kp, col, Bk), vt = Rows(b, vp, col, Bk);
     Value kdoc = Rows(b, K.doc, col, Bk), krel = Rows(b, K.rel, col, Bk);
     auto [first, end] = TileRange(b, Rows(b, K.lo, col, Bk), Rows(b, K.hi, col, Bk), Bq, Q.n_tiles);
-    hlo::Region c2, b2;
-    c2.arg_types = {s64, dqt, kat, vat};
-    c2.body = [end = end](Builder& b, const std::vector<Value>& a) {
-      return std::vector<Value>{b.Compare(a[0], end, "LT")};
-    };
-    b2.arg_types = c2.arg_types;
-    b2.body = [&](Builder& b, const std::vector<Value>& a) {
-      Value row = b.Mul(a[0], I((double)Bq));
+    std::vector<Value> r = TileLoop(b, first, end, {a[0], b.Zeros(kat), b.Zeros(vat)},
+                                    [&](Builder& b, Value i, const std::vector<Value>& a) {
+      Value row = b.Mul(i, I((double)Bq));
       Value qt = Rows(b, q4, row, Bq), got = Rows(b, go4, row, Bq);
       Value lt = b.Transpose(Rows(b, lse3, row, Bq), {1, 0, 2});  // [Hk, Bq, g]
       Value dst = b.Transpose(Rows(b, dsum, row, Bq), {1, 0, 2});
@@ -465,18 +470,14 @@ std::vector<Value> TiledBackward(Builder& b, const FlashGeom& G, const Docs& dq,
       ds = b.Mul(ds, b.Splat(ds.type, G.scale));
       Value dkt2 = DotG(b, ds, qt, {0}, {1}, {1, 2}, {0, 2}, ET::F32);  // [Hk, Bk, D]
       Value dqt2 = b.Transpose(DotG(b, ds, kt, {0}, {1}, {3}, {0}, ET::F32), {1, 0, 2, 3});  // [Bq, Hk, g, D]
-      Value dq_all = PutRows(b, a[1], b.Add(Rows(b, a[1], row, Bq), dqt2), row);
-      return std::vector<Value>{b.Add(a[0], I(1)), dq_all, b.Add(a[2], dkt2), b.Add(a[3], dv)};
-    };
-    std::vector<Value> r = b.Op("stablehlo.while", {first, a[1], b.Zeros(kat), b.Zeros(vat)},
-                                {s64, dqt, kat, vat}, "", {c2, b2});
-    return std::vector<Value>{b.Add(a[0], I(1)), r[1], PutRows(b, a[2], b.Transpose(r[2], {1, 0, 2}), col),
-                              PutRows(b, a[3], b.Transpose(r[3], {1, 0, 2}), col)};
-  };
-  std::vector<Value> r = b.Op("stablehlo.while", {I(0), b.Zeros(dqt), b.Zeros(dkt), b.Zeros(dvt)},
-                              {s64, dqt, dkt, dvt}, "", {cond, body});
-  return {b.Reshape(b.SliceDim(r[1], 0, 0, G.Tq), {G.Tq, G.Hq, D}), b.SliceDim(r[2], 0, 0, G.Tk),
-          b.SliceDim(r[3], 0, 0, G.Tk)};
+      Value dq_all = PutRows(b, a[0], b.Add(Rows(b, a[0], row, Bq), dqt2), row);
+      return std::vector<Value>{dq_all, b.Add(a[1], dkt2), b.Add(a[2], dv)};
+    });
+    return std::vector<Value>{r[0], PutRows(b, a[1], b.Transpose(r[1], {1, 0, 2}), col),
+                              PutRows(b, a[2], b.Transpose(r[2], {1, 0, 2}), col)};
+  });
+  return {b.Reshape(b.SliceDim(r[0], 0, 0, G.Tq), {G.Tq, G.Hq, D}), b.SliceDim(r[1], 0, 0, G.Tk),
+          b.SliceDim(r[2], 0, 0, G.Tk)};
 }
 
 // _flash_attention_forward(q, k, v, cum_seq_q?, cum_seq_k?, max_q, max_k, dropout_p, is_causal,
@@ -711,18 +712,12 @@ std::vector<Value> PagedAttention(LowerCtx& c) {
   ET ct = q.et() == ET::F64 ? ET::F64 : ET::F32;
   Value q4 = b.Reshape(q, {T, Hkv, G, D});
   if (q.et() != cache.et()) q4 = Cast(b, q4, cache.et());
-  if (Tp != T) {  // padding rows: not valid, they read nothing
-    auto pad = [&](Value v) {
-      Dims lo(v.rank(), 0), hi(v.rank(), 0), in(v.rank(), 0);
-      hi[0] = Tp - T;
-      return b.Pad(v, b.Zeros(Type(v.et(), {})), lo, hi, in);
-    };
-    q4 = pad(q4);
-    pos = pad(pos);
-    lo = pad(lo);
-    bt_t = pad(bt_t);
-    valid = pad(valid);
-  }
+  // padding rows: not valid, they read nothing
+  q4 = PadRows(b, q4, Tp, 0);
+  pos = PadRows(b, pos, Tp, 0);
+  lo = PadRows(b, lo, Tp, 0);
+  bt_t = PadRows(b, bt_t, Tp, 0);
+  valid = PadRows(b, valid, Tp, 0);
   Value scale = c.num_arg(5, ct);
   std::optional<Value> sink;
   if (c.has(8)) sink = b.Reshape(Cast(b, c.t(8), ct), {Hkv, G});
@@ -812,15 +807,9 @@ std::vector<Value> PagedAttention(LowerCtx& c) {
     body.arg_types = cond.arg_types;
     body.body = [&](Builder& b, const std::vector<Value>& a) {
       Value row = b.Mul(a[0], b.Splat(Type(ET::S64, {}), (double)Tq));
-      auto rows = [&](Value v) {
-        Dims sizes = v.dims();
-        sizes[0] = Tq;
-        std::vector<Value> starts{row};
-        for (int d = 1; d < v.rank(); ++d) starts.push_back(s64);
-        return b.DynamicSlice(v, starts, sizes);
-      };
+      auto rows = [&](Value v) { return Rows(b, v, row, Tq); };
       Value res = tile(b, rows(q4), rows(pos), rows(lo), rows(valid), rows(bt_t), Tq);
-      Value upd = b.DynamicUpdateSlice(a[1], res, {row, s64, s64, s64});
+      Value upd = PutRows(b, a[1], res, row);
       return std::vector<Value>{b.Add(a[0], b.Splat(Type(ET::S64, {}), 1.0)), upd};
     };
     out = b.Op("stablehlo.while", {s64, b.Zeros(ot4)}, {Type(ET::S64, {}), ot4}, "", {cond, body})[1];

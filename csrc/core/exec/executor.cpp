@@ -466,10 +466,10 @@ char Region::MatmulPrecisionKey() {
   }
 }
 
-void Region::FollowMatmulPrecision() {
+void Region::ApplyMatmulPrecision(hlo::Builder& b) {
   using P = hlo::Builder::F32Precision;
   char k = MatmulPrecisionKey();
-  b_->set_f32_precision(k == 'h' ? P::kHighest : k == 'H' ? P::kHigh : P::kDefault);
+  b.set_f32_precision(k == 'h' ? P::kHighest : k == 'H' ? P::kHigh : P::kDefault);
 }
 
 void Region::AddCheck(Value v, std::shared_ptr<const BoundsCheck> what) {

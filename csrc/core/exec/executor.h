@@ -102,7 +102,9 @@ class Region {
   // (the program text carries the attribute, so the executable caches key
   // on it already).
   static char MatmulPrecisionKey();
-  void FollowMatmulPrecision();
+  void FollowMatmulPrecision() { ApplyMatmulPrecision(*b_); }
+  // Sets b's float32 dot precision from torch.get_float32_matmul_precision().
+  static void ApplyMatmulPrecision(hlo::Builder& b);
 
   // Logical value of a tpu tensor (its view of the storage).
   hlo::Value Read(const at::Tensor& t);

@@ -476,9 +476,7 @@ std::string GraphText(const Graph& g, const py::list& inputs, bool tpu_target) {
   TORCH_CHECK(inputs.size() == g.input_ids.size(), "torchtpu.aot.graph_text: graph takes ", g.input_ids.size(),
               " inputs, got ", inputs.size());
   hlo::Builder b;
-  using P = hlo::Builder::F32Precision;
-  char k = Region::MatmulPrecisionKey();
-  b.set_f32_precision(k == 'h' ? P::kHighest : k == 'H' ? P::kHigh : P::kDefault);
+  Region::ApplyMatmulPrecision(b);
   b.set_tpu_target(tpu_target);
   std::vector<Value> vals(g.num_values);
   std::vector<bool> have(g.num_values, false);
