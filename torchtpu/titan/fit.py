@@ -214,13 +214,10 @@ def _programs(blk: _Block, compute, fake, topology: str, recipe: str, tpu: str) 
     return programs, elems
 
 
-_MASK_INFO = {}
-
-
-def _masks(cu_q, cu_k):
+def _masks(cu_q, cu_k, longest: int):
     from torchtitan.models.common.attention import VarlenMetadata
 
-    return VarlenMetadata(cu_seq_q=cu_q, cu_seq_k=cu_k, max_q=_MASK_INFO["max"], max_k=_MASK_INFO["max"])
+    return VarlenMetadata(cu_seq_q=cu_q, cu_seq_k=cu_k, max_q=longest, max_k=longest)
 
 
 def _shapes_of(model, prefix: str) -> tuple[dict, int]:
@@ -247,10 +244,9 @@ def _lm_blocks(model, mc, pd, tr, compute, utils) -> list[_Block]:
     with torch.device("meta"), utils.set_default_dtype(compute):
         block = cfg.build()
     b, s, dim = tr.local_batch_size, tr.seq_len, mc.dim
-    _MASK_INFO["max"] = s
     return [_Block("block", block, shapes, [((b, s, dim), compute, True), ((b + 1,), torch.int32, False),
                                             ((b + 1,), torch.int32, False)],
-                   [(b, s, dim)], lambda run, ins: run(ins[0], _masks(ins[1], ins[2]), None), len(layers))]
+                   [(b, s, dim)], lambda run, ins: run(ins[0], _masks(ins[1], ins[2], s), None), len(layers))]
 
 
 def _flux_blocks(model, config, tr, compute, utils) -> list[_Block]:
@@ -349,7 +345,7 @@ def fit(recipe: str, chips: int, tpu: str = "v5p", local_batch: int | None = Non
                                 dump_folder="/tmp")
     par = {"fsdp": pd.dp_shard, "tp": pd.tp, "ep": pd.ep}
     params_local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
-    esize = torch.empty((), dtype=TORCH_DTYPE_MAP[tr.dtype]).element_size()
+    esize = TORCH_DTYPE_MAP[tr.dtype].itemsize
     opts = {g.optimizer_name for g in config.optimizer.param_groups}
 
     compute = TORCH_DTYPE_MAP[tr.mixed_precision_param]
